@@ -1,0 +1,84 @@
+"""What is this process running on: library versions, GPUs, git revision, active rlkit patches.
+
+Written into every run's ``env.json`` and shown by ``rlkit doctor``. Imports torch lazily and never
+initialises CUDA in a way that would pin memory in a notebook kernel beyond NVML-style queries.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Distributions whose versions decide whether a run is reproducible.
+TRACKED = ("torch", "transformers", "tokenizers", "verl", "vllm", "ray", "papermill", "numpy", "rlkit")
+
+
+def dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha(root: Path = REPO_ROOT) -> str | None:
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if sha.returncode != 0:
+        return None
+    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def gpus() -> list[dict]:
+    """Name and memory of each visible CUDA device ([] without CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        out.append({
+            "index": i,
+            "name": props.name,
+            "total_gib": round(total / 2**30, 3),
+            "free_gib": round(free / 2**30, 3),
+            "capability": f"{props.major}.{props.minor}",
+        })
+    return out
+
+
+def environment_report() -> dict:
+    from rlkit import patches
+
+    try:
+        import torch
+
+        torch_cuda = torch.version.cuda
+    except ImportError:
+        torch_cuda = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": {name: dist_version(name) for name in TRACKED},
+        "torch_cuda": torch_cuda,
+        "gpus": gpus(),
+        "git_sha": git_sha(),
+        "active_patches": patches.active(),
+    }

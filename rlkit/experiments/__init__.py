@@ -1,0 +1,46 @@
+"""Experiments: ``python -m rlkit.experiments.<name>``, one per notebook that measures.
+
+Each experiment module defines a frozen ``Config`` dataclass, ``NOTEBOOK`` (the stem of its notebook
+in ``nbs/``) and ``run(cfg) -> metrics``, which launches the measured work in fresh processes, and
+ends with ``if __name__ == "__main__": sys.exit(experiment_main(Config, run, NOTEBOOK))``.
+
+The command line reads the notebook's parameter file (``nbs/params/<notebook>.<profile>.yaml``),
+applies ``-p key=value`` overrides, validates strictly, runs, and writes the results folder
+``outputs/<notebook>/<tag>/`` with ``params.yaml``, ``env.json`` and ``metrics.json``. A notebook
+rendering those results later (parameter ``results_dir``) adds the executed notebook beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from rlkit import params as P
+from rlkit.results import ResultsFolder, load_profile, parse_overrides
+
+
+def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, argv=None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m rlkit.experiments.{run_fn.__module__.rsplit('.', 1)[-1]}")
+    parser.add_argument("--profile", default="tiny", help="parameter file nbs/params/<notebook>.<profile>.yaml")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one parameter (YAML value)")
+    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
+    parser.add_argument("--out", default=None, help="results root (default: outputs/)")
+    ns = parser.parse_args(argv)
+    values = load_profile(notebook, ns.profile)
+    values.update(parse_overrides(ns.param))
+    values.pop("results_dir", None)  # a notebook-only parameter: render saved results instead of running
+    try:
+        cfg = P.build(config_cls, values, where=f"parameters of {notebook}")
+    except P.ParamError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    folder = ResultsFolder.create(notebook, ns.tag or ns.profile, root=ns.out)
+    with folder.writing() as out_dir:
+        folder.write_params(P.as_dict(cfg))
+        folder.write_env()
+        metrics = run_fn(cfg)
+        folder.write_metrics(metrics)
+    print(f"results: {folder.path}")
+    return 0

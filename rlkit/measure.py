@@ -1,0 +1,129 @@
+"""Measurement helpers shared by every experiment.
+
+- :class:`PhaseTimer`: wall-clock per named phase, synchronised on CUDA so asynchronous kernels are
+  counted in the phase that launched them; resets the CUDA peak-memory counter at each phase start
+  so every phase reports its own peak.
+- :func:`host_rss_gib` / :func:`host_peak_rss_gib`: resident host memory of this process.
+- :class:`MetricsRecorder`: collects scalars, rows and phases and writes ``metrics.json`` atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+
+
+def _cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+def cuda_sync() -> None:
+    cuda = _cuda()
+    if cuda is not None:
+        cuda.synchronize()
+
+
+def device_allocated_gib() -> float:
+    cuda = _cuda()
+    return cuda.memory_allocated() / GIB if cuda is not None else 0.0
+
+
+def host_rss_gib() -> float:
+    """Current resident set size of this process (Linux /proc; falls back to the peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / GIB
+    except OSError:
+        return host_peak_rss_gib()
+
+
+def host_peak_rss_gib() -> float:
+    """Peak resident set size of this process so far (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+class PhaseTimer:
+    """Times named phases; each phase gets seconds, peak device GiB and host RSS at its end.
+
+    Repeated phases accumulate seconds and keep the maximum peak, so a per-micro-batch phase sums
+    naturally over a step.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.peak_device_gib: dict[str, float] = {}
+        self.host_rss_gib: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        cuda = _cuda()
+        cuda_sync()
+        if cuda is not None:
+            cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            cuda_sync()
+            elapsed = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+            self.counts[name] = self.counts.get(name, 0) + 1
+            peak = cuda.max_memory_allocated() / GIB if cuda is not None else 0.0
+            self.peak_device_gib[name] = max(self.peak_device_gib.get(name, 0.0), peak)
+            self.host_rss_gib[name] = max(self.host_rss_gib.get(name, 0.0), host_rss_gib())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            name: {
+                "seconds": self.seconds[name],
+                "count": self.counts[name],
+                "peak_device_gib": self.peak_device_gib[name],
+                "host_rss_gib": self.host_rss_gib[name],
+            }
+            for name in self.seconds
+        }
+
+
+def write_json_atomic(path: str | os.PathLike, payload: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+class MetricsRecorder:
+    """Accumulates a run's metrics and writes them as ``metrics.json``."""
+
+    def __init__(self, **initial: Any) -> None:
+        self.data: dict[str, Any] = dict(initial)
+
+    def set(self, **values: Any) -> None:
+        self.data.update(values)
+
+    def append(self, key: str, row: dict[str, Any]) -> None:
+        self.data.setdefault(key, []).append(row)
+
+    def write(self, out_dir: str | os.PathLike) -> Path:
+        return write_json_atomic(Path(out_dir) / "metrics.json", self.data)

@@ -1,0 +1,130 @@
+"""Results folders ``outputs/<notebook>/<tag>/`` and parameter files ``nbs/params/<notebook>.<profile>.yaml``.
+
+A results folder is written under a temporary name and renamed into place only when the run
+succeeded, so a folder named ``<tag>`` is always complete. A failed run leaves ``<tag>.failed/`` with
+``FAILED.txt`` saying why, and never a ``metrics.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkit.env import REPO_ROOT, environment_report
+from rlkit.measure import write_json_atomic
+
+NBS_DIR = REPO_ROOT / "nbs"
+PARAMS_DIR = NBS_DIR / "params"
+OUTPUTS_DIR = REPO_ROOT / "outputs"
+
+
+class ProfileError(ValueError):
+    """A parameter file is missing or malformed."""
+
+
+def profiles(notebook: str) -> list[str]:
+    return sorted(p.name[len(notebook) + 1 : -len(".yaml")] for p in PARAMS_DIR.glob(f"{notebook}.*.yaml"))
+
+
+def load_profile(notebook: str, profile: str) -> dict[str, Any]:
+    """Parameters of ``notebook`` for ``profile`` (a name, or a path to a YAML file)."""
+    path = Path(profile) if profile.endswith((".yaml", ".yml")) else PARAMS_DIR / f"{notebook}.{profile}.yaml"
+    if not path.exists():
+        known = profiles(notebook)
+        raise ProfileError(
+            f"no parameter file {path} for notebook {notebook!r}; profiles there: {known or 'none'}. "
+            f"Fix: pick one of them or write {path.name}."
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path} must hold a mapping of parameter names to values, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["lr=1e-5", "arms=[a, b]"]`` -> ``{"lr": 1e-05, "arms": ["a", "b"]}`` (values are YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ProfileError(f"override {item!r} is not KEY=VALUE. Fix: write it as -p {item}=<value>")
+        key, raw = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+class ResultsFolder:
+    def __init__(self, notebook: str, tag: str, root: str | os.PathLike | None = None) -> None:
+        if not tag or "/" in tag or tag.startswith("."):
+            raise ValueError(f"bad results tag {tag!r}: use a plain folder name such as 'h200'")
+        self.notebook = notebook
+        self.tag = tag
+        self.root = Path(root) if root else OUTPUTS_DIR
+        self.path = self.root / notebook / tag
+        self.partial = self.root / notebook / f".{tag}.partial-{os.getpid()}"
+        self.failed = self.root / notebook / f"{tag}.failed"
+
+    @classmethod
+    def create(cls, notebook: str, tag: str, root=None) -> "ResultsFolder":
+        return cls(notebook, tag, root)
+
+    @property
+    def work_dir(self) -> Path:
+        """Where files go while the run is in progress."""
+        return self.partial
+
+    @contextmanager
+    def writing(self):
+        if self.partial.exists():
+            shutil.rmtree(self.partial)
+        self.partial.mkdir(parents=True)
+        try:
+            yield self.partial
+        except BaseException as err:
+            (self.partial / "FAILED.txt").write_text(
+                f"run failed: {type(err).__name__}: {err}\n\n{traceback.format_exc()}"
+            )
+            if self.failed.exists():
+                shutil.rmtree(self.failed)
+            self.partial.rename(self.failed)
+            print(f"run failed; partial files kept in {self.failed} (see FAILED.txt)")
+            raise
+        else:
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            if self.failed.exists():
+                shutil.rmtree(self.failed)
+            self.partial.rename(self.path)
+
+    def write_params(self, values: dict[str, Any]) -> None:
+        (self.partial / "params.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+
+    def write_env(self) -> None:
+        write_json_atomic(self.partial / "env.json", environment_report())
+
+    def write_metrics(self, metrics: dict[str, Any]) -> None:
+        write_json_atomic(self.partial / "metrics.json", metrics)
+
+
+def read_metrics(results_dir: str | os.PathLike) -> dict[str, Any]:
+    """``metrics.json`` of a results folder (relative paths are taken from the repository root)."""
+    path = Path(results_dir)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    metrics = path / "metrics.json"
+    if not metrics.exists():
+        raise FileNotFoundError(f"{metrics} does not exist; run the experiment first or fix results_dir")
+    return json.loads(metrics.read_text())
+
+
+def notebook_out_dir(notebook: str) -> Path:
+    """Where a notebook writes its metrics and figures: the runner's folder, or a scratch folder."""
+    env = os.environ.get("RLKIT_OUT_DIR")
+    path = Path(env) if env else OUTPUTS_DIR / notebook / "interactive"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
