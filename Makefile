@@ -1,0 +1,40 @@
+# rlkit: the two entry points are `make demo` (run every notebook) and `make test` (the test suite).
+# Both set up .venv first. On a CPU machine torch==2.13.0 is the local CPU build; never let pip
+# resolve a bare `torch` there (that pulls a multi-GB CUDA build).
+#   make demo                      # every notebook with its tiny CPU profile
+#   make demo PROFILE=h200         # on a CUDA machine (set TORCH/EXTRAS, see README)
+#   make run NB=01_offload_bug P=h200 ARGS="-p steps=3"
+
+PYTHON  ?= python3
+VENV    ?= .venv
+PROFILE ?= tiny
+TORCH   ?= torch==2.13.0
+EXTRAS  ?= verl,dev
+BIN      = $(VENV)/bin
+
+.PHONY: setup demo test gpu-test run clean-check
+
+setup: $(VENV)/.rlkit-installed
+
+$(VENV)/.rlkit-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+demo: setup
+	$(BIN)/rlkit run --all --profile $(PROFILE) --quiet
+
+test: setup
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+gpu-test: setup
+	$(BIN)/python -m pytest -m gpu -q
+
+run: setup
+	$(BIN)/rlkit run $(NB) --profile $(or $(P),$(PROFILE)) $(ARGS)
+
+clean-check: setup
+	$(BIN)/python -m pytest -q tests/test_notebooks.py -k stripped

@@ -1,0 +1,193 @@
+"""``rlkit run``: execute notebooks with papermill from parameter files, strictly.
+
+    rlkit run nbs/01_offload_bug.ipynb --profile h200 -p steps=3
+    rlkit run nbs/06_util_sweep.ipynb --profile h200 --grid gpu_memory_utilization=[0.4,0.5,0.6,0.7]
+    rlkit run --all --profile tiny
+
+Parameters come from ``nbs/params/<notebook>.<profile>.yaml`` plus ``-p key=value`` overrides; a key
+the notebook's ``parameters`` cell does not declare, or a declared key the parameter file leaves out,
+is an error (papermill itself only warns). Each run writes ``outputs/<notebook>/<tag>/`` with
+``params.yaml``, ``env.json``, ``executed.ipynb``, the ``metrics.json`` the notebook wrote and its
+figures; a failed run leaves ``<tag>.failed/`` and no folder that looks complete.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlkit.results import NBS_DIR, ProfileError, ResultsFolder, load_profile, parse_overrides
+
+# Parameters every notebook declares that a parameter file need not set.
+NOTEBOOK_ONLY = {"results_dir"}
+
+
+class RunError(ValueError):
+    """A run cannot start: bad parameters, unknown notebook, bad grid."""
+
+
+@dataclass
+class RunResult:
+    notebook: str
+    tag: str
+    ok: bool
+    seconds: float
+    folder: Path
+    error: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def notebook_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix != ".ipynb":
+        path = NBS_DIR / f"{name}.ipynb"
+    if not path.exists():
+        known = sorted(p.stem for p in NBS_DIR.glob("*.ipynb"))
+        raise RunError(f"no notebook {name!r}; notebooks in nbs/: {known}")
+    return path
+
+
+def declared_parameters(path: Path) -> dict[str, Any]:
+    """Names and defaults of the notebook's ``parameters`` cell (via papermill's inspector)."""
+    import papermill
+
+    declared = papermill.inspect_notebook(str(path))
+    if not declared:
+        raise RunError(f"{path.name} has no cell tagged 'parameters'; every rlkit notebook needs one")
+    return {name: info.get("default") for name, info in declared.items()}
+
+
+def check_parameters(path: Path, values: dict[str, Any], source: str) -> None:
+    declared = declared_parameters(path)
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        raise RunError(
+            f"{path.stem}: unknown parameter(s) {unknown} (from {source}); the notebook declares "
+            f"{sorted(declared)}. Fix: correct the spelling or remove the key."
+        )
+    missing = sorted(set(declared) - set(values) - NOTEBOOK_ONLY)
+    if missing:
+        raise RunError(
+            f"{path.stem}: parameter(s) {missing} are not set by {source}. Fix: add them to the "
+            f"parameter file so every run states its inputs."
+        )
+
+
+def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """``{"a": [1, 2], "b": ["x"]}`` -> ``[{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]``."""
+    for key, options in grid.items():
+        if not isinstance(options, list) or not options:
+            raise RunError(f"grid key {key!r} needs a non-empty list of values, got {options!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def grid_tag(base: str, point: dict[str, Any]) -> str:
+    parts = [base] + [f"{k}={v}" for k, v in point.items()]
+    return re.sub(r"[^A-Za-z0-9_.=-]", "_", "-".join(parts))
+
+
+def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = True,
+            root: Path | None = None) -> RunResult:
+    """Execute one notebook into its results folder; never raises for a failing notebook."""
+    import papermill
+
+    folder = ResultsFolder(path.stem, tag, root=root)
+    start = time.perf_counter()
+    try:
+        with folder.writing() as work:
+            folder.write_params(values)
+            folder.write_env()
+            env_before = os.environ.get("RLKIT_OUT_DIR")
+            os.environ["RLKIT_OUT_DIR"] = str(work.resolve())
+            try:
+                papermill.execute_notebook(
+                    str(path), str(work / "executed.ipynb"), parameters=values,
+                    progress_bar=progress, cwd=str(path.parent), kernel_name="python3",
+                )
+            finally:
+                if env_before is None:
+                    os.environ.pop("RLKIT_OUT_DIR", None)
+                else:
+                    os.environ["RLKIT_OUT_DIR"] = env_before
+            metrics_file = work / "metrics.json"
+            if not metrics_file.exists():
+                raise RunError(f"{path.name} ran but wrote no metrics.json into RLKIT_OUT_DIR")
+            metrics = json.loads(metrics_file.read_text())
+    except Exception as err:  # papermill's execution error carries the failing cell
+        return RunResult(path.stem, tag, False, time.perf_counter() - start, folder.failed,
+                         error=_short(err))
+    return RunResult(path.stem, tag, True, time.perf_counter() - start, folder.path, metrics=metrics)
+
+
+def _short(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: " + (" | ".join(line for line in text[-6:] if line.strip()))[:600]
+
+
+def plan_runs(notebook: str, profile: str, overrides: list[str], grid: list[str], tag: str | None):
+    path = notebook_path(notebook)
+    values = load_profile(path.stem, profile)
+    values.update(parse_overrides(overrides))
+    grid_spec = parse_overrides(grid)
+    source = f"nbs/params/{path.stem}.{profile}.yaml" + (" and -p/--grid" if overrides or grid else "")
+    check_parameters(path, {**values, **grid_spec}, source)
+    base = tag or Path(profile).stem
+    points = expand_grid(grid_spec) if grid_spec else [{}]
+    return [(path, {**values, **point}, grid_tag(base, point) if point else base) for point in points]
+
+
+def summary(results: list[RunResult]) -> str:
+    rel = lambda p: os.path.relpath(p, Path.cwd())  # noqa: E731
+    lines = [f"{'notebook':24} {'tag':28} {'status':7} {'secs':>7}  results"]
+    for r in results:
+        status = "ok" if r.ok else "FAILED"
+        lines.append(f"{r.notebook:24} {r.tag:28} {status:7} {r.seconds:7.1f}  {rel(r.folder)}")
+        if r.ok:
+            lines.append(f"{'':62}  {rel(r.folder / 'executed.ipynb')}, {rel(r.folder / 'metrics.json')}")
+        else:
+            lines.append(f"{'':62}  {r.error}")
+    ok = sum(r.ok for r in results)
+    lines.append(f"{ok} of {len(results)} runs succeeded")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlkit run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="notebook path or name (e.g. 01_offload_bug)")
+    parser.add_argument("--all", action="store_true", help="every notebook in nbs/, in order")
+    parser.add_argument("--profile", "-P", default="tiny", help="parameter file profile (default: tiny)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=[V1,V2]",
+                        help="run once per value (several --grid give the cartesian product)")
+    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
+    parser.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    ns = parser.parse_args(argv)
+    names = [p.stem for p in sorted(NBS_DIR.glob("[0-9]*.ipynb"))] if ns.all else ns.notebooks
+    if not names:
+        parser.error("name a notebook or pass --all")
+    try:
+        planned = [run for name in names for run in plan_runs(name, ns.profile, ns.param, ns.grid, ns.tag)]
+    except (RunError, ProfileError) as err:
+        print(f"rlkit run: {err}", file=sys.stderr)
+        return 2
+    results = []
+    for i, (path, values, tag) in enumerate(planned, 1):
+        print(f"[{i}/{len(planned)}] {path.name} -> outputs/{path.stem}/{tag}", flush=True)
+        result = run_one(path, values, tag, progress=not ns.quiet)
+        print(f"[{i}/{len(planned)}] {'ok' if result.ok else 'FAILED'} in {result.seconds:.1f} s", flush=True)
+        results.append(result)
+    print()
+    print(summary(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+import json
+
+from rlkit import measure
+
+
+def test_phase_timer_accumulates_repeated_phases():
+    timer = measure.PhaseTimer()
+    for _ in range(3):
+        with timer.phase("work"):
+            sum(range(1000))
+    with timer.phase("other"):
+        pass
+    out = timer.as_dict()
+    assert out["work"]["count"] == 3 and out["other"]["count"] == 1
+    assert out["work"]["seconds"] > 0
+    assert out["work"]["peak_device_gib"] == 0.0  # no CUDA here
+    assert out["work"]["host_rss_gib"] > 0
+
+
+def test_host_memory_readings_are_consistent():
+    rss = measure.host_rss_gib()
+    assert 0 < rss <= measure.host_peak_rss_gib() + 1e-3
+
+
+def test_host_peak_rss_sees_a_large_allocation():
+    before = measure.host_peak_rss_gib()
+    block = bytearray(256 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    assert measure.host_peak_rss_gib() >= before + 0.2
+    del block
+
+
+def test_metrics_recorder_writes_atomically(tmp_path):
+    rec = measure.MetricsRecorder(experiment="demo")
+    rec.append("rows", {"a": 1})
+    rec.set(total=2)
+    path = rec.write(tmp_path)
+    assert json.loads(path.read_text()) == {"experiment": "demo", "rows": [{"a": 1}], "total": 2}
+    assert not list(tmp_path.glob("*.partial"))

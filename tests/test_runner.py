@@ -1,0 +1,84 @@
+"""The papermill runner: strict keys, grids, complete-or-failed results folders."""
+import json
+
+import nbformat
+import pytest
+import yaml
+
+from rlkit import run as R
+
+PARAMS = 'x = 1  # an int\nlabel = "a"  # a string\nresults_dir = ""  # render saved results\n'
+BODY = (
+    "import json, os\n"
+    "assert x >= 0, 'x must be non-negative'\n"
+    "out = os.environ['RLKIT_OUT_DIR']\n"
+    "json.dump({'x': x, 'label': label}, open(os.path.join(out, 'metrics.json'), 'w'))\n"
+)
+
+
+@pytest.fixture
+def notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# demo"), params, nbformat.v4.new_code_cell(BODY)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "nbs" / "demo.ipynb"
+    path.parent.mkdir()
+    nbformat.write(nb, path)
+    profile = tmp_path / "demo.tiny.yaml"
+    profile.write_text(yaml.safe_dump({"x": 2, "label": "b"}))
+    return path, profile
+
+
+def test_unknown_parameter_is_rejected_with_the_declared_names(notebook):
+    path, profile = notebook
+    with pytest.raises(R.RunError, match=r"unknown parameter\(s\) \['y'\].*declares \['label', 'results_dir', 'x'\]"):
+        R.plan_runs(str(path), str(profile), ["y=3"], [], None)
+
+
+def test_parameter_file_must_set_every_declared_key(notebook, tmp_path):
+    path, _ = notebook
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(yaml.safe_dump({"x": 1}))
+    with pytest.raises(R.RunError, match=r"\['label'\] are not set"):
+        R.plan_runs(str(path), str(partial), [], [], None)
+
+
+def test_cli_reports_unknown_parameter_and_exits_2(notebook, capsys):
+    path, profile = notebook
+    assert R.main([str(path), "--profile", str(profile), "-p", "lable=c"]) == 2
+    assert "unknown parameter(s) ['lable']" in capsys.readouterr().err
+
+
+def test_grid_expands_to_the_cartesian_product(notebook):
+    path, profile = notebook
+    runs = R.plan_runs(str(path), str(profile), [], ["x=[1,2]", "label=[p,q]"], "sweep")
+    assert [(v["x"], v["label"]) for _, v, _ in runs] == [(1, "p"), (1, "q"), (2, "p"), (2, "q")]
+    assert [t for _, _, t in runs][0] == "sweep-x=1-label=p"
+    with pytest.raises(R.RunError, match="non-empty list"):
+        R.expand_grid({"x": []})
+
+
+def test_successful_run_writes_a_complete_folder(notebook, tmp_path):
+    path, profile = notebook
+    (_, values, tag), = R.plan_runs(str(path), str(profile), ["x=5"], [], None)
+    result = R.run_one(path, values, tag, progress=False, root=tmp_path / "outputs")
+    assert result.ok, result.error
+    folder = tmp_path / "outputs" / "demo" / "demo.tiny"
+    assert result.folder == folder
+    assert {p.name for p in folder.iterdir()} >= {"params.yaml", "env.json", "executed.ipynb", "metrics.json"}
+    assert json.loads((folder / "metrics.json").read_text()) == {"x": 5, "label": "b"}
+    assert yaml.safe_load((folder / "params.yaml").read_text()) == {"x": 5, "label": "b"}
+    assert "versions" in json.loads((folder / "env.json").read_text())
+
+
+def test_failed_run_leaves_no_complete_looking_folder(notebook, tmp_path):
+    path, profile = notebook
+    root = tmp_path / "outputs"
+    result = R.run_one(path, {"x": -1, "label": "b"}, "bad", progress=False, root=root)
+    assert not result.ok and "x must be non-negative" in result.error
+    assert not (root / "demo" / "bad").exists()
+    failed = root / "demo" / "bad.failed"
+    assert (failed / "FAILED.txt").exists() and not (failed / "metrics.json").exists()
+    assert "FAILED" in R.summary([result])
