@@ -127,3 +127,106 @@ class MetricsRecorder:
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         return write_json_atomic(Path(out_dir) / "metrics.json", self.data)
+
+
+class GpuSamplerUnavailable(RuntimeError):
+    """Neither NVML (nvidia-ml-py) nor nvidia-smi can read GPU memory here."""
+
+
+def _nvml_reader():
+    import pynvml  # provided by nvidia-ml-py
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def read() -> list[float]:
+        return [pynvml.nvmlDeviceGetMemoryInfo(h).used / GIB for h in handles]
+
+    return read
+
+
+def _smi_reader():
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        raise GpuSamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
+
+    def read() -> list[float]:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return [int(x) / 1024 for x in out.split()]
+
+    return read
+
+
+def gpu_memory_reader():
+    """A function returning used GiB per GPU: NVML where nvidia-ml-py is installed, else nvidia-smi."""
+    try:
+        return _nvml_reader(), "nvml"
+    except ImportError:
+        return _smi_reader(), "nvidia-smi"
+
+
+class GpuSampler:
+    """Samples used GPU memory (device-wide, all processes) at a fixed rate in a background thread.
+
+    ``mark(phase)`` stamps phase boundaries so the timeline can be cut per phase; ``summary()``
+    gives the peak per phase and overall. Device-wide memory is what vLLM's start-up check reads,
+    so it is the number to hold a planner against, unlike one process's allocator statistics.
+    """
+
+    def __init__(self, interval_s: float = 1.0, reader=None, source: str | None = None) -> None:
+        import threading
+
+        if reader is None:
+            reader, source = gpu_memory_reader()
+        self.read, self.source = reader, source or "custom"
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, list[float]]] = []
+        self.marks: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._t0 = time.time()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time() - self._t0, self.read()))
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "GpuSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.time() - self._t0, self.read()))
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((time.time() - self._t0, phase))
+
+    def phase_of(self, t: float) -> str:
+        current = "start"
+        for stamp, phase in self.marks:
+            if stamp <= t:
+                current = phase
+        return current
+
+    def timeline(self) -> list[dict[str, Any]]:
+        return [{"t": t, "phase": self.phase_of(t), "used_gib": used} for t, used in self.samples]
+
+    def summary(self) -> dict[str, Any]:
+        peaks: dict[str, list[float]] = {}
+        for row in self.timeline():
+            best = peaks.setdefault(row["phase"], [0.0] * len(row["used_gib"]))
+            peaks[row["phase"]] = [max(a, b) for a, b in zip(best, row["used_gib"])]
+        overall = [max(col) for col in zip(*(s for _, s in self.samples))] if self.samples else []
+        return {"source": self.source, "interval_s": self.interval_s, "samples": len(self.samples),
+                "peak_used_gib": overall, "peak_used_gib_by_phase": peaks}

@@ -37,3 +37,37 @@ def test_metrics_recorder_writes_atomically(tmp_path):
     path = rec.write(tmp_path)
     assert json.loads(path.read_text()) == {"experiment": "demo", "rows": [{"a": 1}], "total": 2}
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_gpu_sampler_cuts_the_timeline_by_phase():
+    import itertools
+    import time
+
+    values = itertools.count()
+    sampler = measure.GpuSampler(interval_s=0.01, reader=lambda: [float(next(values))], source="counter")
+    with sampler:
+        sampler.mark("rollout")
+        time.sleep(0.05)
+        sampler.mark("update")
+        time.sleep(0.05)
+    timeline = sampler.timeline()
+    phases = [row["phase"] for row in timeline]
+    assert phases == sorted(phases, key=["start", "rollout", "update"].index)
+    summary = sampler.summary()
+    assert summary["peak_used_gib_by_phase"]["update"][0] == timeline[-1]["used_gib"][0]
+    assert summary["peak_used_gib"] == [max(r["used_gib"][0] for r in timeline)]
+
+
+def test_gpu_sampler_without_a_gpu_says_what_is_missing():
+    import shutil
+
+    import pytest
+
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        if shutil.which("nvidia-smi") is None:
+            with pytest.raises(measure.GpuSamplerUnavailable, match="nvidia-ml-py"):
+                measure.gpu_memory_reader()
+            return
+    pytest.skip("GPU tooling present")
