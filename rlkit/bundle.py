@@ -1,0 +1,274 @@
+"""``rlkit bundle``: carry the GPU stack (vLLM, verl, Ray, ...) to a compute node without internet.
+
+On a machine with PyPI access::
+
+    rlkit bundle build --have node-freeze.txt --out .bundle --split-mib 58 --compress
+
+resolves vLLM + verl for the node's Python and platform, leaves out what the node already has (and
+the heavy optional wheels a dense model does not need), downloads the rest, packs them into one
+archive (optionally xz-compressed), splits it into parts of at most N MiB and writes
+``manifest.json`` with a SHA-256 for every part and for the whole. On the node (stdlib + pip only;
+run from a checkout, rlkit need not be installed)::
+
+    python -m rlkit.bundle freeze > node-freeze.txt        # once, to tell `build` what the node has
+    python -m rlkit.bundle install --from .bundle --target /opt/rlkit-site
+    export PYTHONPATH=/opt/rlkit-site:$PYTHONPATH
+
+``install`` verifies every part, joins them, verifies the whole, and installs all wheels in ONE
+``pip install --no-index --no-deps --target`` (two installs into one target clobber shared
+namespace folders such as ``google/``).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_SPECS = ("vllm==0.24.0", "verl[vllm,verl-core]==0.9.1")
+# Never carried when the node has any version: the node's CUDA build of torch and the libraries
+# built against it must stay (vLLM 0.24 matches the node's torch 2.11.0).
+KEEP_NODE_PREFIXES = ("torch", "torchvision", "torchaudio", "triton", "numpy", "numba", "nvidia-", "cuda-")
+# Optional heavy wheels a dense Qwen3 on Hopper ran without (gpu-node notes): 921 MB saved.
+SKIPPABLE_DENSE = ("flashinfer-cubin", "tokenspeed-triton", "tokenspeed-mla", "nvidia-cutlass-dsl",
+                   "nvidia-cutlass-dsl-libs-cu13", "nvidia-cutlass-dsl-libs-base", "nvidia-nvvm",
+                   "nvidia-cuda-nvcc", "nvidia-cuda-tileiras", "nvidia-cuda-crt", "nvidia-cuda-cccl",
+                   "tilelang", "z3-solver")
+# sdist-only requirements whose wheels are built locally (pure Python, any platform).
+BUILD_LOCALLY = ("antlr4-python3-runtime==4.9.3",)
+MANIFEST = "manifest.json"
+
+
+class BundleError(RuntimeError):
+    """A bundle cannot be built, verified or installed; the message says what to do."""
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_freeze(text: str) -> dict[str, str]:
+    """``name==version`` lines (pip freeze / ``bundle freeze``) -> {canonical name: version}."""
+    have = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "==" not in line:
+            continue
+        name, version = line.split("==", 1)
+        have[canonical(name)] = version.strip()
+    return have
+
+
+@dataclass
+class Decision:
+    name: str
+    version: str
+    bring: bool
+    reason: str
+    url: str = ""
+
+
+@dataclass
+class Plan:
+    python: str
+    platforms: list[str]
+    specs: list[str]
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def to_bring(self) -> list[Decision]:
+        return [d for d in self.decisions if d.bring]
+
+
+def decide(resolved: list[tuple[str, str, str]], have: dict[str, str], skip: tuple[str, ...]) -> list[Decision]:
+    """Which resolved (name, version, url) the node needs: missing there, or there in another version."""
+    skip_set = {canonical(s) for s in skip}
+    out = []
+    for name, version, url in resolved:
+        key = canonical(name)
+        node_version = have.get(key)
+        if key in skip_set:
+            out.append(Decision(key, version, False, "optional for a dense model (skipped)", url))
+        elif node_version is not None and key.startswith(KEEP_NODE_PREFIXES):
+            out.append(Decision(key, version, False, f"node keeps its own {node_version}", url))
+        elif node_version == version:
+            out.append(Decision(key, version, False, "node has this version", url))
+        elif node_version is not None:
+            out.append(Decision(key, version, True, f"node has {node_version}, needs {version}", url))
+        else:
+            out.append(Decision(key, version, True, "missing on the node", url))
+    return out
+
+
+def platform_args(python: str, glibc_max: int) -> list[str]:
+    args = ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
+    for minor in range(17, glibc_max + 1):
+        args += ["--platform", f"manylinux_2_{minor}_x86_64"]
+    return args + ["--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64", "--platform", "any"]
+
+
+def resolve(specs: list[str], python: str, glibc_max: int, local_wheels: Path) -> list[tuple[str, str, str]]:
+    """Resolve ``specs`` for the node with pip's dry-run report (metadata only, no full downloads)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report), "--find-links", str(local_wheels), "--target", str(Path(tmp) / "t"),
+               *platform_args(python, glibc_max), *specs]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BundleError(f"pip could not resolve {specs} for Python {python}:\n{proc.stderr[-2000:]}")
+        data = json.loads(report.read_text())
+    return [(i["metadata"]["name"], i["metadata"]["version"], i["download_info"]["url"]) for i in data["install"]]
+
+
+def build_local_wheels(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for spec in BUILD_LOCALLY:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", spec, "-w", str(dest)], check=True)
+
+
+def download(plan: Plan, glibc_max: int, wheel_dir: Path, local_wheels: Path) -> None:
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    for d in plan.to_bring:
+        local = [p for p in local_wheels.glob("*.whl") if canonical(p.name.split("-")[0]) == d.name]
+        if local:
+            shutil.copy2(local[0], wheel_dir / local[0].name)
+            continue
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(wheel_dir),
+               *platform_args(plan.python, glibc_max), f"{d.name}=={d.version}"]
+        if subprocess.run(cmd).returncode != 0:
+            raise BundleError(f"could not download {d.name}=={d.version} for the node")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pack(wheel_dir: Path, out: Path, split_mib: int, compress: bool) -> dict:
+    """Archive the wheels, split into parts of at most ``split_mib`` MiB, write the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / ("wheels.tar.xz" if compress else "wheels.tar")
+    with tarfile.open(archive, "w:xz" if compress else "w", **({"preset": 6} if compress else {})) as tar:
+        for wheel in sorted(wheel_dir.glob("*.whl")):
+            tar.add(wheel, arcname=wheel.name)
+    manifest = {"archive": archive.name, "sha256": sha256(archive), "bytes": archive.stat().st_size,
+                "wheels": sorted(p.name for p in wheel_dir.glob("*.whl")), "parts": []}
+    limit = split_mib * 2**20
+    with open(archive, "rb") as f:
+        index = 0
+        while chunk := f.read(limit):
+            part = out / f"{archive.name}.part{index:03d}"
+            part.write_bytes(chunk)
+            manifest["parts"].append({"name": part.name, "sha256": hashlib.sha256(chunk).hexdigest(), "bytes": len(chunk)})
+            index += 1
+    archive.unlink()
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def join_and_verify(bundle_dir: Path, dest: Path) -> Path:
+    """Check every part against the manifest, join them, check the whole; returns the archive path."""
+    manifest_path = bundle_dir / MANIFEST
+    if not manifest_path.exists():
+        raise BundleError(f"{manifest_path} not found: is {bundle_dir} a bundle made by `rlkit bundle build`?")
+    manifest = json.loads(manifest_path.read_text())
+    archive = dest / manifest["archive"]
+    with open(archive, "wb") as joined:
+        for part in manifest["parts"]:
+            path = bundle_dir / part["name"]
+            if not path.exists():
+                raise BundleError(f"part {part['name']} is missing from {bundle_dir}; copy every part listed in {MANIFEST}")
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != part["sha256"]:
+                raise BundleError(f"part {part['name']} is corrupt (SHA-256 mismatch); copy it again")
+            joined.write(data)
+    if sha256(archive) != manifest["sha256"]:
+        raise BundleError("the joined archive does not match the manifest's SHA-256; parts are out of order or stale")
+    return archive
+
+
+def install(bundle_dir: Path, target: Path) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = join_and_verify(bundle_dir, Path(tmp))
+        wheels = Path(tmp) / "wheels"
+        with tarfile.open(archive) as tar:
+            tar.extractall(wheels, filter="data")
+        names = sorted(str(p) for p in wheels.glob("*.whl"))
+        if not names:
+            raise BundleError("the bundle holds no wheels")
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+               "--no-cache-dir", "--upgrade", "--target", str(target), *names]
+        if subprocess.run(cmd).returncode != 0:
+            raise BundleError(f"pip could not install the bundle into {target}")
+    return [Path(n).name for n in names]
+
+
+def freeze() -> str:
+    from importlib import metadata
+
+    lines = sorted({f"{canonical(d.metadata['Name'])}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]})
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlkit bundle", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="resolve, download, pack and split a wheelhouse for the node")
+    build.add_argument("--have", required=True, help="the node's `python -m rlkit.bundle freeze` output")
+    build.add_argument("--spec", action="append", default=None, help=f"requirement (default: {' '.join(DEFAULT_SPECS)})")
+    build.add_argument("--python", default="3.12", help="the node's Python version")
+    build.add_argument("--glibc-max", type=int, default=39, help="highest manylinux_2_N the node's glibc accepts")
+    build.add_argument("--keep-optional", action="store_true", help="also carry the optional heavy wheels")
+    build.add_argument("--out", default=".bundle", help="output folder (keep it git-ignored)")
+    build.add_argument("--split-mib", type=int, default=58, help="largest part in MiB")
+    build.add_argument("--compress", action="store_true", help="xz-compress the archive")
+    build.add_argument("--plan-only", action="store_true", help="print the plan, download nothing")
+    inst = sub.add_parser("install", help="on the node: verify, join and install a bundle")
+    inst.add_argument("--from", dest="source", default=".bundle")
+    inst.add_argument("--target", required=True, help="folder to put first on PYTHONPATH")
+    sub.add_parser("freeze", help="on the node: list installed distributions as name==version")
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "freeze":
+            sys.stdout.write(freeze())
+        elif ns.command == "install":
+            names = install(Path(ns.source), Path(ns.target))
+            print(f"installed {len(names)} wheels into {ns.target}\nexport PYTHONPATH={Path(ns.target).resolve()}:$PYTHONPATH")
+        else:
+            have = read_freeze(Path(ns.have).read_text())
+            out = Path(ns.out)
+            local = out / "local-wheels"
+            build_local_wheels(local)
+            specs = ns.spec or list(DEFAULT_SPECS)
+            resolved = resolve(specs, ns.python, ns.glibc_max, local)
+            plan = Plan(ns.python, [f"manylinux_2_{ns.glibc_max}_x86_64"], specs,
+                        decide(resolved, have, () if ns.keep_optional else SKIPPABLE_DENSE))
+            (out / "plan.json").write_text(json.dumps([asdict(d) for d in plan.decisions], indent=2))
+            print(f"{len(plan.to_bring)} of {len(plan.decisions)} resolved distributions go to the node")
+            for d in plan.to_bring:
+                print(f"  {d.name}=={d.version}  ({d.reason})")
+            if not ns.plan_only:
+                wheel_dir = out / "wheels"
+                download(plan, ns.glibc_max, wheel_dir, local)
+                manifest = pack(wheel_dir, out / "parts", ns.split_mib, ns.compress)
+                print(f"{len(manifest['parts'])} parts, {manifest['bytes'] / 2**20:.0f} MiB in {out / 'parts'}")
+    except BundleError as err:
+        print(f"rlkit bundle: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

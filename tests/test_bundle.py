@@ -1,0 +1,76 @@
+"""rlkit bundle: what goes to the node, and a verified split/join/install round trip (no network)."""
+import base64
+import hashlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from rlkit import bundle as B
+
+
+def test_decide_brings_missing_and_mismatched_and_keeps_node_torch():
+    resolved = [("vllm", "0.24.0", "u1"), ("torch", "2.11.0", "u2"), ("transformers", "5.9.0", "u3"),
+                ("PyYAML", "6.0.2", "u4"), ("nvidia-cublas", "13.1", "u5"), ("flashinfer-cubin", "0.6", "u6")]
+    have = B.read_freeze("torch==2.11.0+cu130\ntransformers==5.17.0\npyyaml==6.0.2\nnvidia_cublas==13.0\n")
+    decisions = {d.name: d for d in B.decide(resolved, have, B.SKIPPABLE_DENSE)}
+    assert decisions["vllm"].bring and decisions["vllm"].reason == "missing on the node"
+    assert decisions["transformers"].bring and "5.17.0" in decisions["transformers"].reason
+    assert not decisions["torch"].bring and not decisions["nvidia-cublas"].bring
+    assert not decisions["pyyaml"].bring
+    assert not decisions["flashinfer-cubin"].bring and "skipped" in decisions["flashinfer-cubin"].reason
+
+
+def _wheel(path, name="rlkitbundletoy", version="1.0"):
+    """A minimal valid pure-Python wheel."""
+    files = {f"{name}/__init__.py": b"VALUE = 42\n",
+             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for fname, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{fname},sha256={digest},{len(data)}")
+    record.append(f"{name}-{version}.dist-info/RECORD,,")
+    wheel = path / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for fname, data in files.items():
+            zf.writestr(fname, data)
+        zf.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_pack_split_join_install_round_trip(tmp_path, compress):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels)
+    manifest = B.pack(wheels, tmp_path / "parts", split_mib=1, compress=compress)
+    assert manifest["wheels"] == ["rlkitbundletoy-1.0-py3-none-any.whl"]
+    target = tmp_path / "site"
+    assert B.install(tmp_path / "parts", target) == manifest["wheels"]
+    out = subprocess.run([sys.executable, "-c", "import rlkitbundletoy; print(rlkitbundletoy.VALUE)"],
+                         env={"PYTHONPATH": str(target)}, capture_output=True, text=True)
+    assert out.stdout.strip() == "42", out.stderr
+
+
+def test_parts_are_split_at_the_limit_and_corruption_is_caught(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = _wheel(wheels)
+    with zipfile.ZipFile(wheel, "a") as zf:  # make the archive larger than one 1 MiB part
+        zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
+    manifest = B.pack(wheels, tmp_path / "parts", split_mib=1, compress=False)
+    assert len(manifest["parts"]) == 2 and manifest["parts"][0]["bytes"] == 2**20
+    part = tmp_path / "parts" / manifest["parts"][1]["name"]
+    part.write_bytes(part.read_bytes()[:-1] + b"X")
+    with pytest.raises(B.BundleError, match="corrupt"):
+        B.join_and_verify(tmp_path / "parts", tmp_path)
+    part.unlink()
+    with pytest.raises(B.BundleError, match="missing"):
+        B.join_and_verify(tmp_path / "parts", tmp_path)
+
+
+def test_freeze_lists_this_environment():
+    frozen = B.read_freeze(B.freeze())
+    assert "pytest" in frozen and "packaging" in frozen
