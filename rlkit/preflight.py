@@ -1,0 +1,642 @@
+"""Lint a verl configuration for known memory and correctness traps before a GPU is booked.
+
+Input is a YAML file, a shell script or command line holding ``python -m verl.trainer.main_ppo ...``
+overrides, or a list of Hydra overrides (``key=value``, ``+key=value``, ``++key=value``, ``~key``).
+Parsing is pure Python (PyYAML for values); neither verl nor OmegaConf is needed. Keys the input does
+not set take verl 0.9.1's defaults from :data:`VERL_DEFAULTS`.
+
+Each check returns :class:`Finding` objects (severity ``error`` / ``warning`` / ``info``, the dotted
+config key, a message and a fix). The traps come from source document 003 (gpu_memory_utilization
+semantics and band, max_num_batched_tokens, deprecated micro-batch keys, the dynamic-batch token
+floor, disable_log_stats, CUDA-graph memory, the Ray uv runtime-env hook) and from verl 0.9's FSDP1
+with fsdp_size=1 (no gradient all-reduce; param offload that frees nothing), which are reported as
+fixed when the rlkit patch ``no_shard`` / ``offload_views`` is active. When the model and the GPU
+memory are known, the phase-budget planner's verdict is a finding too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkit.params import ParamError
+
+SEVERITIES = ("error", "warning", "info")
+
+# verl 0.9.1 defaults (verl/trainer/config/_generated_ppo_trainer.yaml) of every key a check reads.
+# ``${oc.select:...}`` defaults there are resolved by :meth:`VerlConfig.get` (see FOLLOWS).
+VERL_DEFAULTS: dict[str, Any] = {
+    "actor_rollout_ref.actor.strategy": "fsdp",
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": False,
+    "actor_rollout_ref.actor.ppo_micro_batch_size": None,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.optim.optimizer_impl": "torch.optim",
+    "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.model.lora_rank": 0,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": None,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.rollout.name": None,  # '???' (mandatory) in verl
+    "actor_rollout_ref.rollout.n": 1,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
+    "actor_rollout_ref.rollout.enforce_eager": False,
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": None,
+    "actor_rollout_ref.rollout.free_cache_engine": True,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": 8192,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": None,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.rollout.disable_log_stats": True,
+    "critic.ppo_micro_batch_size": None,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "data.train_batch_size": 1024,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.nnodes": 1,
+    "ray_kwargs.ray_init.runtime_env.py_executable": None,
+}
+# Keys whose verl default is another key's value (``${oc.select:<other>,<fallback>}``).
+FOLLOWS: dict[str, str] = {
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "critic.forward_micro_batch_size": "critic.ppo_micro_batch_size",
+}
+
+ACTOR_FSDP = "actor_rollout_ref.actor.fsdp_config"
+RANK0_OWNER_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.rank0_owner"
+ROLLOUT = "actor_rollout_ref.rollout"
+UTIL_BAND = (0.5, 0.7)  # verl perf note: the useful band for gpu_memory_utilization
+RAY_UV_HOOK_SINCE = "2.47"  # Ray versions that rewrite runtime_env["working_dir"] under `uv run`
+
+
+class PreflightInputError(ParamError):
+    """The configuration could not be read; the message names the item and the fix."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # error | warning | info
+    key: str  # dotted config key
+    message: str
+    fix: str
+    check: str = ""  # name of the check that produced it
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading configurations
+# ---------------------------------------------------------------------------------------------------
+
+_KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[A-Za-z_0-9][\w\-]*)*$")
+
+
+def _value(raw: str) -> Any:
+    """A Hydra override value: YAML scalars and flow lists/dicts; anything unparsable stays a string."""
+    if raw == "":
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise PreflightInputError(
+                f"{'.'.join(parts[: i + 1])}: is a value ({child!r}), but {dotted} treats it as a section. "
+                f"Fix: remove one of the two overrides."
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+def _delete(tree: dict, dotted: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Hydra overrides -> nested dict. ``~key`` deletes; ``+``/``++`` prefixes add or force a key."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("~"):
+            key = item[1:].split("=", 1)[0]
+            if not _KEY.match(key):
+                raise PreflightInputError(f"override {item!r}: {key!r} is not a dotted key. Fix: write ~a.b.c")
+            _delete(tree, key)
+            continue
+        if "=" not in item:
+            raise PreflightInputError(f"override {item!r} is not KEY=VALUE. Fix: write it as {item}=<value>")
+        key, raw = item.split("=", 1)
+        key = key.lstrip("+")
+        if not _KEY.match(key):
+            raise PreflightInputError(f"override {item!r}: {key!r} is not a dotted config key. Fix: write a.b.c=value")
+        _set(tree, key, _value(raw))
+    return tree
+
+
+def overrides_from_command(text: str) -> list[str]:
+    """The Hydra overrides of a shell command or script (``python3 -m verl.trainer.main_ppo k=v ...``)."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    joined = "\n".join(line.split("#", 1)[0] if line.lstrip().startswith("#") else line for line in joined.splitlines())
+    try:
+        tokens = shlex.split(joined, comments=True)
+    except ValueError as err:
+        raise PreflightInputError(f"cannot split the command into words ({err}). Fix: balance its quotes") from err
+    pattern = re.compile(r"^(\+{0,2}|~)[A-Za-z_][\w\-]*\.[\w.\-]+(=|$)")
+    return [t for t in tokens if pattern.match(t) and ("=" in t or t.startswith("~"))]
+
+
+def load_config(source: str | os.PathLike) -> dict[str, Any]:
+    """A nested dict from a YAML file, or from the overrides in a shell script / command file."""
+    path = Path(source)
+    if not path.is_file():
+        raise PreflightInputError(f"{path}: no such file. Fix: pass a YAML file, a shell script or key=value overrides")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise PreflightInputError(f"{path}: not valid YAML ({err}). Fix: correct the file") from err
+        if not isinstance(data, dict):
+            raise PreflightInputError(f"{path}: must hold a mapping of config sections, got {type(data).__name__}")
+        data.pop("defaults", None)  # Hydra composition list, not a config value
+        return data
+    return parse_overrides(overrides_from_command(text))
+
+
+class VerlConfig:
+    """Read access to a user config with verl 0.9.1's defaults behind it."""
+
+    def __init__(self, tree: Mapping[str, Any]) -> None:
+        self.tree = tree
+
+    def is_set(self, key: str) -> bool:
+        node: Any = self.tree
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return False
+            node = node[part]
+        return not (isinstance(node, str) and node.startswith("${"))  # unresolved interpolation
+
+    def get(self, key: str) -> Any:
+        if self.is_set(key):
+            node: Any = self.tree
+            for part in key.split("."):
+                node = node[part]
+            return node
+        if key in FOLLOWS:
+            return self.get(FOLLOWS[key])
+        if key not in VERL_DEFAULTS:
+            raise KeyError(f"{key} has no verl default known to rlkit.preflight")
+        return VERL_DEFAULTS[key]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.get("trainer.n_gpus_per_node")) * int(self.get("trainer.nnodes"))
+
+    def seq_len(self) -> int:
+        return int(self.get("data.max_prompt_length")) + int(self.get("data.max_response_length"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks: each takes (config, context) and returns findings
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    active_patches: list[str]
+    env: Mapping[str, str]
+    ray_version: str | None
+    gpu_gib: float | None
+    planner_options: list[str]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def check_gpu_memory_utilization(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = f"{ROLLOUT}.gpu_memory_utilization"
+    util, name = _number(c.get(key)), c.get(f"{ROLLOUT}.name")
+    if util is None or not 0 < util <= 1:
+        return [Finding("error", key, f"gpu_memory_utilization={c.get(key)!r} is not a fraction in (0, 1]",
+                        "set a fraction such as 0.6")]
+    if name == "sglang":
+        return [Finding("warning", key,
+                        f"for SGLang, gpu_memory_utilization={util} is a fraction of FREE memory for static "
+                        f"allocations and the remaining 1-x is still used during inference; for vLLM (>=0.7) it "
+                        f"is a fraction of TOTAL memory. A value copied from a vLLM config means something else",
+                        "re-derive the value for SGLang; treat any copied value as a hypothesis")]
+    low, high = UTIL_BAND
+    if util < low:
+        return [Finding("warning", key,
+                        f"gpu_memory_utilization={util} (fraction of total memory for vLLM) is below verl's "
+                        f"{low}-{high} band: less KV cache and lower rollout throughput",
+                        f"raise it into {low}-{high} once the update-phase peak is known to fit (see the planner)")]
+    if util > high:
+        offloaded = c.get(f"{ACTOR_FSDP}.param_offload") and c.get(f"{ROLLOUT}.free_cache_engine")
+        if offloaded:
+            return [Finding("info", key,
+                            f"gpu_memory_utilization={util} is above verl's {low}-{high} band; this only works "
+                            f"because the actor leaves the device during rollout (param_offload + sleep mode)",
+                            "check the planner finding: the actor's residue must fit in the 1-util left free")]
+        return [Finding("warning", key,
+                        f"gpu_memory_utilization={util} is above verl's {low}-{high} band while the actor stays "
+                        f"on the device during rollout: little headroom for the update phase",
+                        f"lower it into {low}-{high}, or enable fsdp_config.param_offload with free_cache_engine")]
+    return []
+
+
+def check_max_num_batched_tokens(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = f"{ROLLOUT}.max_num_batched_tokens"
+    value = _number(c.get(key))
+    if value is not None and value <= 2048:
+        return [Finding("warning", key,
+                        f"max_num_batched_tokens={int(value)} is at or below 2048; verl's perf note recommends "
+                        f">2048 for rollout throughput",
+                        "raise it (e.g. 8192, verl's default) unless memory is known to be short")]
+    return []
+
+
+DEPRECATED_MICRO_BATCH = (
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+    ("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu"),
+    ("critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu"),
+)
+
+
+def check_deprecated_micro_batch(c: VerlConfig, ctx: Context) -> list[Finding]:
+    out = []
+    for old, new in DEPRECATED_MICRO_BATCH:
+        if not c.is_set(old) or c.get(old) is None:
+            continue
+        if c.is_set(new) and c.get(new) is not None:
+            out.append(Finding("error", old, f"both {old} (deprecated) and {new} are set; verl refuses this",
+                               f"remove {old}"))
+        else:
+            out.append(Finding("warning", old,
+                               f"{old}={c.get(old)} is deprecated: verl divides this global value by the GPU count "
+                               f"({c.world_size} here), so a value tuned for another GPU count silently changes",
+                               f"set {new} instead (performance batch sizes are per GPU)"))
+    return out
+
+
+def check_dynamic_bsz_floor(c: VerlConfig, ctx: Context) -> list[Finding]:
+    seq = c.seq_len()
+    floor = 2 * seq
+    pairs = (
+        ("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+        (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu"),
+        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
+    )
+    out = []
+    for flag, key in pairs:
+        if not c.get(flag):
+            continue
+        limit = _number(c.get(key))
+        if limit is None:
+            continue
+        if limit < seq:
+            out.append(Finding("error", key,
+                               f"{key}={int(limit)} is below one full sequence (max_prompt_length + "
+                               f"max_response_length = {seq}); a long sample cannot be packed",
+                               f"set it to at least {floor} (2 x {seq})"))
+        elif limit < floor:
+            out.append(Finding("warning", key,
+                               f"{key}={int(limit)} is below the use_dynamic_bsz floor 2 x (max_prompt_length + "
+                               f"max_response_length) = {floor}",
+                               f"set it to at least {floor}; forward-only limits can go ~2x the actor's"))
+    return out
+
+
+def check_disable_log_stats(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = f"{ROLLOUT}.disable_log_stats"
+    if c.get(key) is not False:
+        default = "" if c.is_set(key) else " (verl's default)"
+        return [Finding("warning", key,
+                        f"disable_log_stats={c.get(key)}{default}: vLLM emits no rollout statistics, so "
+                        f"throughput and KV usage cannot be tuned",
+                        f"set {key}=False")]
+    return []
+
+
+def check_cuda_graphs(c: VerlConfig, ctx: Context) -> list[Finding]:
+    eager, sizes = c.get(f"{ROLLOUT}.enforce_eager"), c.get(f"{ROLLOUT}.cudagraph_capture_sizes")
+    if eager and sizes:
+        return [Finding("warning", f"{ROLLOUT}.cudagraph_capture_sizes",
+                        f"cudagraph_capture_sizes={sizes} has no effect with enforce_eager=True",
+                        "remove it, or set enforce_eager=False to capture graphs")]
+    if not eager:
+        return [Finding("info", f"{ROLLOUT}.enforce_eager",
+                        "vLLM captures CUDA graphs (enforce_eager=False); their memory cannot be offloaded and "
+                        "stays on the device while the actor updates, outside any actor offload",
+                        "count it in the update budget (rlkit budget --cudagraph-gib); near the edge, shrink "
+                        "cudagraph_capture_sizes")]
+    return []
+
+
+def _version_at_least(version: str | None, minimum: str) -> bool:
+    if not version:
+        return False
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) >= Version(minimum)
+    except InvalidVersion:
+        return False
+
+
+def check_ray_uv_hook(c: VerlConfig, ctx: Context) -> list[Finding]:
+    out = []
+    py_key = "ray_kwargs.ray_init.runtime_env.py_executable"
+    py = c.get(py_key)
+    if isinstance(py, str) and py.split()[:2] == ["uv", "run"]:
+        out.append(Finding("warning", py_key,
+                           f"py_executable={py!r} is a `uv run` prefix; if the launcher relocates the working "
+                           f"directory before ray.init(), every Ray worker fails to import",
+                           "set py_executable to an absolute interpreter path (e.g. /path/.venv/bin/python)"))
+    hook = ctx.env.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV")
+    if hook is not None and hook.strip().lower() not in ("0", "false", "") and _version_at_least(ctx.ray_version, RAY_UV_HOOK_SINCE):
+        out.append(Finding("error", "env.RAY_ENABLE_UV_RUN_RUNTIME_ENV",
+                           f"RAY_ENABLE_UV_RUN_RUNTIME_ENV={hook} with Ray {ctx.ray_version}: Ray >= "
+                           f"{RAY_UV_HOOK_SINCE} rewrites runtime_env['working_dir'] and crashes on the explicit "
+                           f"working_dir=None that verl passes",
+                           "unset it or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 (verl's own default)"))
+    return out
+
+
+def _fsdp1(c: VerlConfig) -> bool:
+    return c.get("actor_rollout_ref.actor.strategy") == "fsdp"
+
+
+def _no_shard(c: VerlConfig) -> bool:
+    """FSDP1 ends up NO_SHARD when the shard group has one rank: fsdp_size=1, or a single GPU."""
+    return c.get(f"{ACTOR_FSDP}.fsdp_size") == 1 or c.world_size == 1
+
+
+def check_fsdp1_grad_sync(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = f"{ACTOR_FSDP}.fsdp_size"
+    if not (_fsdp1(c) and c.get(key) == 1 and c.world_size > 1):
+        return []
+    if "no_shard" in ctx.active_patches:
+        return [Finding("info", key,
+                        f"strategy=fsdp with fsdp_size=1 on {c.world_size} GPUs: verl's HYBRID_SHARD-on-(N,1)-mesh "
+                        f"gradient bug is fixed by the active rlkit patch no_shard (NO_SHARD over all ranks)",
+                        "none needed")]
+    return [Finding("error", key,
+                    f"strategy=fsdp with fsdp_size=1 on {c.world_size} GPUs: verl builds an ({c.world_size},1) mesh "
+                    f"and HYBRID_SHARD, FSDP1 clamps it to NO_SHARD over a 1-rank group, and gradients are never "
+                    f"all-reduced (verl #7493, won't fix): the ranks train independent replicas",
+                    "apply rlkit's no_shard patch, or use strategy=fsdp2, or fsdp_size=-1 (shard over all GPUs)")]
+
+
+def check_fsdp1_offload_frees_nothing(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = f"{ACTOR_FSDP}.param_offload"
+    if not (_fsdp1(c) and c.get(key) and not c.get(f"{ACTOR_FSDP}.use_orig_params") and _no_shard(c)):
+        return []
+    if "offload_views" in ctx.active_patches:
+        return [Finding("info", key,
+                        "param_offload under FSDP1 NO_SHARD with use_orig_params=False: the stale-view leak is "
+                        "fixed by the active rlkit patch offload_views",
+                        "none needed")]
+    return [Finding("error", key,
+                    "param_offload under FSDP1 NO_SHARD with use_orig_params=False frees nothing: the module's "
+                    "parameter views keep the device storage alive, and each reload allocates a second copy "
+                    "(verl #7596, won't fix); vLLM then fails its free-memory check at high gpu_memory_utilization",
+                    "apply rlkit's offload_views patch, or set fsdp_config.use_orig_params=True, or use fsdp2")]
+
+
+def _planner_spec(c: VerlConfig, ctx: Context):
+    """A budget.PlanSpec from the config, or a reason why the planner cannot run."""
+    from rlkit import budget
+
+    model = c.get("actor_rollout_ref.model.path")
+    if not model:
+        return None, "actor_rollout_ref.model.path is not set"
+    try:
+        budget.resolve_model(model)
+    except ParamError:
+        return None, f"model {model!r} matches no planner preset and no local config.json"
+    if ctx.gpu_gib is None:
+        return None, "the GPU memory is unknown (pass --gpu-gib)"
+    seq = c.seq_len()
+    n = c.world_size
+    if c.get("actor_rollout_ref.actor.use_dynamic_bsz"):
+        tokens = int(c.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
+    else:
+        per_gpu = c.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+        glob = c.get("actor_rollout_ref.actor.ppo_micro_batch_size")
+        mbs = per_gpu or (max(1, int(glob) // n) if glob else None)
+        if not mbs:
+            return None, "no actor micro-batch size is set (ppo_micro_batch_size_per_gpu)"
+        tokens = int(mbs) * seq
+    if c.get(f"{ROLLOUT}.log_prob_use_dynamic_bsz"):
+        lp_tokens = int(c.get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu"))
+    else:
+        lp = c.get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
+        lp_tokens = int(lp) * seq if lp else tokens
+    options = set(ctx.planner_options)
+    options |= {p for p in ctx.active_patches if p in budget.RLKIT_OPTIONS}
+    if "rlkit" in str(c.get("actor_rollout_ref.actor.optim.optimizer_impl")):  # HostAdamW (rlkit.optim)
+        options.add("cpu_optimizer_step")
+        # verl passes optim.override_optimizer_config as keyword arguments to the optimizer
+        if c.is_set(RANK0_OWNER_KEY) and c.get(RANK0_OWNER_KEY):
+            options.add("rank0_owner")
+    values = {
+        "model": model, "gpu_gib": ctx.gpu_gib, "n_gpus": n,
+        "gpu_memory_utilization": c.get(f"{ROLLOUT}.gpu_memory_utilization"),
+        "max_prompt_length": int(c.get("data.max_prompt_length")), "max_response_length": int(c.get("data.max_response_length")),
+        "train_batch_size": int(c.get("data.train_batch_size")), "group_size": int(c.get(f"{ROLLOUT}.n")),
+        "micro_batch_tokens": tokens, "log_prob_micro_batch_tokens": lp_tokens,
+        "lora_rank": int(c.get("actor_rollout_ref.model.lora_rank") or 0),
+        "gradient_checkpointing": bool(c.get("actor_rollout_ref.model.enable_gradient_checkpointing")),
+        "param_offload": bool(c.get(f"{ACTOR_FSDP}.param_offload")),
+        "optimizer_offload": bool(c.get(f"{ACTOR_FSDP}.optimizer_offload")),
+    }
+    if c.get(f"{ROLLOUT}.enforce_eager"):
+        values["cudagraph_gib"] = 0.0
+    spec = budget.with_options(budget.PlanSpec(**values), sorted(options))
+    return spec, ""
+
+
+def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
+    from rlkit import budget
+
+    key = f"{ROLLOUT}.gpu_memory_utilization"
+    try:
+        spec, why = _planner_spec(c, ctx)
+    except ParamError as err:
+        return [Finding("error", key, f"the phase-budget planner rejects this config: {err}", "fix the named key")]
+    if spec is None:
+        return [Finding("info", "actor_rollout_ref.model.path", f"phase-budget planner skipped: {why}",
+                        "set actor_rollout_ref.model.path to a preset or a local model folder and pass --gpu-gib")]
+    result = budget.plan(spec)
+    tp = c.get(f"{ROLLOUT}.tensor_model_parallel_size")
+    caveat = f" (the planner assumes one vLLM engine per GPU, TP=1; this config has TP={tp})" if tp != 1 else ""
+    message = (f"planner ({result.model}, {spec.gpu_gib} GiB x {spec.n_gpus}, options: "
+               f"{', '.join(spec.options) or 'none'}): {result.verdict}: {result.reason}{caveat}")
+    if result.fits:
+        return [Finding("info", key, message, "none needed")]
+    fixes = {
+        "vLLM refuses to start": "lower gpu_memory_utilization, or free the actor's rollout residue "
+                                 "(offload_views patch, param/optimizer offload)",
+        "no KV cache": "raise gpu_memory_utilization or reduce CUDA-graph capture sizes",
+        "host OOM": "use rank-0 ownership of the host optimizer, or more host memory",
+    }
+    fix = fixes.get(result.verdict, f"reduce {result.binding.split(':')[-1]} in {result.peak_phase}: smaller "
+                                    f"micro-batch tokens, the rlkit options (cpu_optimizer_step, master_on_host), "
+                                    f"LoRA, or more GPU memory")
+    return [Finding("error", key, message, fix)]
+
+
+CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
+    "gpu_memory_utilization": check_gpu_memory_utilization,
+    "max_num_batched_tokens": check_max_num_batched_tokens,
+    "deprecated_micro_batch": check_deprecated_micro_batch,
+    "dynamic_bsz_floor": check_dynamic_bsz_floor,
+    "disable_log_stats": check_disable_log_stats,
+    "cuda_graphs": check_cuda_graphs,
+    "ray_uv_hook": check_ray_uv_hook,
+    "fsdp1_grad_sync": check_fsdp1_grad_sync,
+    "fsdp1_offload_frees_nothing": check_fsdp1_offload_frees_nothing,
+    "planner": check_planner,
+}
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_config(tree: Mapping[str, Any], active_patches: Iterable[str] | None = None, *,
+                 gpu_gib: float | None = None, planner_options: Iterable[str] = (),
+                 env: Mapping[str, str] | None = None, ray_version: str | None = None) -> list[Finding]:
+    """All findings for a nested config dict (errors first).
+
+    ``active_patches`` defaults to ``rlkit.patches.active()``; ``env`` to ``os.environ``; ``ray_version``
+    to the installed Ray.
+    """
+    if active_patches is None:
+        from rlkit import patches
+
+        active_patches = patches.active()
+    active_patches = list(active_patches)
+    from rlkit.patches import KNOWN_PATCHES
+
+    unknown = sorted(set(active_patches) - set(KNOWN_PATCHES))
+    if unknown:
+        raise PreflightInputError(f"patches: unknown rlkit patch(es) {unknown}; known: {list(KNOWN_PATCHES)}")
+    if gpu_gib is not None and not gpu_gib > 0:
+        raise PreflightInputError(f"gpu_gib: must be positive GiB, got {gpu_gib!r}")
+    ctx = Context(active_patches=active_patches, env=os.environ if env is None else env,
+                  ray_version=ray_version if ray_version is not None else _installed("ray"),
+                  gpu_gib=gpu_gib, planner_options=list(planner_options))
+    config = VerlConfig(tree)
+    findings = [f for name, check in CHECKS.items() for f in _named(check(config, ctx), name)]
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _named(findings: list[Finding], name: str) -> list[Finding]:
+    return [Finding(f.severity, f.key, f.message, f.fix, f.check or name) for f in findings]
+
+
+def check_overrides(overrides: list[str], active_patches: Iterable[str] | None = None, **kwargs) -> list[Finding]:
+    """Findings for a list of Hydra overrides (what the rlkit recipe passes to verl)."""
+    return check_config(parse_overrides(overrides), active_patches, **kwargs)
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)
+
+
+def format_findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "no findings"
+    lines = []
+    for f in findings:
+        lines.append(f"{f.severity.upper():8}{f.key}: {f.message}")
+        lines.append(f"{'':8}fix: {f.fix}")
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+    lines.append(", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rlkit preflight",
+        description="Lint a verl config (YAML file, shell script, or key=value overrides) for known traps.",
+    )
+    parser.add_argument("inputs", nargs="*", help="a .yaml file, a script/command file, and/or key=value overrides")
+    parser.add_argument("--json", action="store_true", help="print findings as JSON")
+    parser.add_argument("--patches", default=None,
+                        help="comma-separated active rlkit patches (default: those active in this process)")
+    parser.add_argument("--gpu-gib", type=float, default=None, help="GPU memory in GiB: enables the planner verdict")
+    parser.add_argument("--options", default="", help="extra planner options (see rlkit budget --options)")
+    ns = parser.parse_args(argv)
+    try:
+        tree: dict[str, Any] = {}
+        overrides = []
+        for item in ns.inputs:
+            if "=" in item or item.startswith("~"):
+                overrides.append(item)
+            else:
+                tree = _merge(tree, load_config(item))
+        tree = _merge(tree, parse_overrides(overrides))
+        patches = None if ns.patches is None else [p for p in ns.patches.split(",") if p]
+        findings = check_config(tree, patches, gpu_gib=ns.gpu_gib,
+                                planner_options=[o for o in ns.options.split(",") if o])
+    except ParamError as err:
+        print(f"rlkit preflight: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps([f.as_dict() for f in findings], indent=1) if ns.json else format_findings(findings))
+    return 1 if has_errors(findings) else 0
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

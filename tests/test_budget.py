@@ -1,0 +1,275 @@
+"""Phase-budget planner: the document's script, shapes and parameter counts, hand-computed bytes, CLI."""
+import io
+import json
+import re
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlkit import budget as B
+from rlkit.params import ParamError
+
+GIB = 2**30
+
+# Output of the document's script (seeds/003), run verbatim with CPython 3.11.
+SCRIPT_OUTPUT = """\
+case                    util   kv_pool  max_seqs   update  verdict
+qwen2.5-0.5b-lora       0.40      28.0      4780      9.5  fits
+qwen2.5-0.5b-lora       0.60      44.0      7511      9.5  fits
+qwen2.5-0.5b-lora       0.70      52.0      8876      9.5  fits
+qwen2.5-7b-lora         0.40      10.8       394     28.0  fits
+qwen2.5-7b-lora         0.60      26.8       980     28.0  fits
+qwen2.5-7b-lora         0.70      34.8      1272     28.0  fits
+qwen2.5-7b-fullft       0.40      10.8       394    127.6  OOM in update
+qwen2.5-7b-fullft       0.60      26.8       980    127.6  OOM in update
+qwen2.5-7b-fullft       0.70      34.8      1272    127.6  OOM in update"""
+
+SEED_DOC = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "003_bda753040e721e5b.txt"
+
+
+def run_cli(argv):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = B.main(argv)
+    return rc, out.getvalue()
+
+
+def test_seed_table_reproduces_the_script_exactly():
+    assert B.format_seed_table() == SCRIPT_OUTPUT
+    rc, out = run_cli(["--seed-table"])
+    assert rc == 0 and out.rstrip("\n") == SCRIPT_OUTPUT
+
+
+@pytest.mark.skipif(not SEED_DOC.exists(), reason="source document not present in this checkout")
+def test_seed_table_equals_running_the_documents_script(tmp_path):
+    text = SEED_DOC.read_text()
+    script = re.search(r"#!/usr/bin/env python3\n.*?\{verdict\}\"\)\n", text, re.DOTALL).group(0)
+    (tmp_path / "s.py").write_text(script)
+    out = subprocess.run([sys.executable, str(tmp_path / "s.py")], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip("\n") == B.format_seed_table()
+
+
+def test_seed_diff_finds_the_rows_where_the_printed_table_differs():
+    rows = B.seed_table_diff()
+    assert len(rows) == 9
+    differing = {(r["case"], r["util"]): r for r in rows if r["differs"]}
+    # 0.5b: printed max_seqs are 2 lower in all three rows; 7b at util 0.40: printed 395, script 394.
+    assert set(differing) == {("qwen2.5-0.5b-lora", u) for u in (0.4, 0.6, 0.7)} | {
+        ("qwen2.5-7b-lora", 0.4), ("qwen2.5-7b-fullft", 0.4)}
+    assert all(r["differs"] == ["max_seqs"] for r in differing.values())
+    assert differing[("qwen2.5-0.5b-lora", 0.4)]["max_seqs_delta"] == -2
+    assert differing[("qwen2.5-7b-lora", 0.4)]["max_seqs_delta"] == 1
+    assert all(r["verdict_script"] == r["verdict_printed"] for r in rows)
+
+
+@pytest.mark.parametrize("name,count", [
+    ("qwen3-4b", 4_022_468_096),
+    ("Qwen/Qwen3-4B", 4_022_468_096),
+    ("qwen3-8b", 8_190_735_360),
+    ("qwen2.5-0.5b", 494_032_768),
+    ("Qwen/Qwen2.5-0.5B-Instruct", 494_032_768),
+    ("qwen2.5-7b", 7_615_616_512),
+])
+def test_parameter_count_from_shapes(name, count):
+    assert B.resolve_model(name).params == count
+
+
+def test_parameter_count_matches_a_real_transformers_model():
+    torch = pytest.importorskip("torch")
+    from rlkit.models import build_random_model, count_parameters
+
+    model = build_random_model("tiny", dtype=torch.float32)
+    assert B.resolve_model("tiny").params == count_parameters(model)
+
+
+TOY = {"model_type": "qwen3", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+       "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 32,
+       "tie_word_embeddings": True}
+
+
+def test_toy_shape_hand_counted():
+    s = B.shape_from_config(TOY)
+    # per layer: q 8*8 + k 8*4 + v 8*4 + o 8*8 = 192; mlp 3*8*16 = 384; norms 2*8 + q/k norm 2*4 = 24
+    assert s.layer_params == 192 + 384 + 24 == 600
+    assert s.root_params == 32 * 8 + 8 == 264  # tied: embedding once + final norm
+    assert s.params == 2 * 600 + 264 == 1464
+    assert B.shape_from_config({**TOY, "tie_word_embeddings": False}).params == 1464 + 256
+    # Qwen2 adds q/k/v biases (8 + 4 + 4) and has no q/k norm (-8)
+    assert B.shape_from_config({**TOY, "model_type": "qwen2"}).layer_params == 600 + 16 - 8
+    # LoRA rank 2 on 7 linears: 2 * ((8+8) + 2*(8+4) + (8+8) + 2*(8+16) + (16+8)) per layer
+    assert s.lora_params(2) == 2 * 2 * (16 + 24 + 16 + 48 + 24)
+    assert B.kv_bytes_per_seq(s, 10) == 2 * 2 * 1 * 4 * 2 * 10
+
+
+def toy_spec(**kw):
+    base = {"model": "toy", "gpu_gib": 1.0, "n_gpus": 2, "gpu_memory_utilization": 0.5, "max_prompt_length": 6,
+                "max_response_length": 10, "train_batch_size": 4, "group_size": 2, "micro_batch_tokens": 16,
+                "log_prob_micro_batch_tokens": 32, "cudagraph_gib": 0.25, "non_torch_gib": 0.125, "logits_path": "torch_fp32"}
+    base.update(kw)
+    return B.PlanSpec(**base)
+
+
+def test_toy_plan_hand_computed_bytes():
+    s = B.shape_from_config(TOY, "toy")
+    P = 1464
+    spec = toy_spec(param_offload=True, optimizer_offload=True, offload_views=True)
+    dev, host, d = B.phase_components(spec, s)
+    upd = dev["update_fwd_bwd"]
+    assert upd["master_fp32"] == 4 * P and upd["compute_copy_bf16"] == 2 * P and upd["grads_fp32"] == 4 * P
+    # gradient checkpointing: 2 layers x 16 tokens x hidden 8 x 2 B + one layer's working set
+    per_layer = 4 * 8 + 3 * 8 + 3 * 4 + 4 * 16  # elements per token
+    assert upd["activations"] == 2 * 16 * 8 * 2 + 16 * per_layer * 2
+    assert upd["logits"] == 16 * 32 * 10
+    assert dev["log_prob"]["logits"] == 32 * 32 * 10
+    assert dev["optimizer_step"]["adam_moments"] == 8 * P  # optimizer_offload loads Adam back for the step
+    assert dev["rollout"]["master_fp32"] == 0 and dev["rollout"]["stale_offload_copy"] == 0
+    assert dev["rollout"]["kv_pool"] == 0.5 * GIB - 2 * P - 0.25 * GIB - 0.125 * GIB
+    assert dev["weight_sync"]["staging"] == 4 * P  # FULL_STATE_DICT fp32 clone
+    assert host["rollout"] == {"master_fp32": 4 * P, "adam_moments": 8 * P, "staging_pinned": 0}
+    assert host["optimizer_step"]["adam_moments"] == 0
+    # 4 prompts x 2 x 16 tokens / 2 GPUs = 64 tokens per GPU -> 4 micro-batches of 16; 3 flat params
+    assert d["micro_batches_per_step"] == 4 and d["bf16_casts_per_step"] == 12
+
+    no_ckpt = B.phase_components(replace(spec, gradient_checkpointing=False), s)[0]
+    assert no_ckpt["update_fwd_bwd"]["activations"] == 2 * 16 * per_layer * 2
+
+
+def test_toy_plan_rlkit_options():
+    s = B.shape_from_config(TOY, "toy")
+    P, largest = 1464, 600
+    spec = toy_spec(offload_views=True, cpu_optimizer_step=True, rank0_owner=True, master_on_host=True,
+                    cast_once=True, skip_old_logprob=True)
+    dev, host, d = B.phase_components(spec, s)
+    assert "log_prob" not in dev
+    assert dev["update_fwd_bwd"]["master_fp32"] == 0 and dev["update_fwd_bwd"]["staging"] == 4 * largest
+    assert dev["optimizer_step"]["adam_moments"] == 0
+    assert dev["optimizer_step"]["compute_copy_bf16"] == 2 * P  # cast-once copy resident until the step
+    assert host["update_fwd_bwd"] == {"master_fp32": 4 * P, "adam_moments": 8 * P, "staging_pinned": 8 * largest}
+    assert d["bf16_casts_per_step"] == 3
+    p = B.plan(spec, s)
+    # rank-0 owner: the other rank holds the host master but no Adam state and no staging
+    assert p.host_other_rank_gib["update_fwd_bwd"] == pytest.approx(4 * P / GIB)
+    assert p.host_node_peak_gib == pytest.approx((4 * P + 8 * P + 8 * largest + 4 * P) / GIB)
+
+
+def test_lora_only_adapters_get_grads_and_adam():
+    s = B.shape_from_config(TOY, "toy")
+    dev = B.phase_components(toy_spec(lora_rank=2, optimizer_offload=False, param_offload=False), s)[0]
+    T = s.lora_params(2)
+    assert dev["update_fwd_bwd"]["grads_fp32"] == 4 * T and dev["update_fwd_bwd"]["adam_moments"] == 8 * T
+    assert dev["update_fwd_bwd"]["master_fp32"] == 4 * 1464
+
+
+def test_stale_offload_copy_makes_vllm_refuse_to_start():
+    spec = B.PlanSpec(model="qwen3-4b", gpu_gib=139.8, n_gpus=1, gpu_memory_utilization=0.9)
+    p = B.plan(spec)
+    assert p.verdict == "vLLM refuses to start" and "stale_offload_copy" in p.binding
+    assert B.plan(replace(spec, offload_views=True)).verdict != "vLLM refuses to start"
+
+
+def test_seed_setup_full_finetune_oom_in_optimizer_step_without_host_step():
+    spec = B.PlanSpec(logits_path="flash_ce", offload_views=True)
+    assert B.plan(spec).verdict == "OOM in optimizer_step"
+    full = B.with_options(spec, "offload_views,cpu_optimizer_step,rank0_owner,master_on_host,cast_once,skip_old_logprob")
+    p = B.plan(full)
+    assert p.device_gib["optimizer_step"].get("adam_moments", 0) == 0
+    assert p.device_total_gib["update_fwd_bwd"] < B.plan(spec).device_total_gib["update_fwd_bwd"]
+
+
+def test_kv_pool_and_concurrency():
+    p = B.plan(B.PlanSpec(model="qwen2.5-0.5b", gpu_gib=80, n_gpus=1, gpu_memory_utilization=0.6,
+                          max_prompt_length=256, max_response_length=256, train_batch_size=32, group_size=8,
+                          micro_batch_tokens=2048, log_prob_micro_batch_tokens=2048, cudagraph_gib=3.0,
+                          non_torch_gib=0.0, offload_views=True))
+    weights = 2 * 494_032_768 / GIB
+    assert p.kv_pool_gib == pytest.approx(0.6 * 80 - weights - 3.0)
+    assert p.kv_gib_per_seq == pytest.approx(B.seed_kv_per_seq(24, 2, 64, 512))
+    assert p.max_concurrent_seqs == int(p.kv_pool_gib / p.kv_gib_per_seq)
+    assert p.seqs_per_gpu == 256 and p.rollout_waves == 1
+
+
+def test_no_kv_cache_verdict():
+    p = B.plan(B.PlanSpec(model="qwen3-8b", gpu_gib=24, gpu_memory_utilization=0.3, offload_views=True))
+    assert p.verdict == "no KV cache" and not p.fits
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"gpu_gib": -1.0}, "gpu_gib"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"n_gpus": 0}, "n_gpus"),
+    ({"lora_rank": -1}, "lora_rank"),
+    ({"logits_path": "fp8"}, "logits_path"),
+    ({"rank0_owner": True}, "rank0_owner"),
+    ({"master_on_host": True}, "master_on_host"),
+])
+def test_bad_spec_names_the_field(kw, field):
+    with pytest.raises(ParamError, match=field):
+        B.PlanSpec(**kw)
+
+
+def test_bad_model_inputs_name_the_field():
+    with pytest.raises(ParamError, match="model"):
+        B.resolve_model("qwen9-1b")
+    with pytest.raises(ParamError, match="num_hidden_layers"):
+        B.shape_from_config({k: v for k, v in TOY.items() if k != "num_hidden_layers"})
+    with pytest.raises(ParamError, match="model_type"):
+        B.shape_from_config({**TOY, "model_type": "gpt2"})
+    with pytest.raises(ParamError, match="unknown rlkit option"):
+        B.with_options(B.PlanSpec(), "cpu_step")
+
+
+def test_model_from_config_json_path(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TOY))
+    assert B.resolve_model(str(tmp_path)).params == 1464
+
+
+def test_cost_metric():
+    # The document's examples: 1, 2, 4 GPUs x $2.50/GPU-hour x 5 days.
+    assert [B.run_cost(n, 2.5, 120) for n in (1, 2, 4)] == [300.0, 600.0, 1200.0]
+    assert B.cost_per_million_samples(2, 2.5, 120, 3_000_000) == pytest.approx(200.0)
+    with pytest.raises(ParamError, match="samples"):
+        B.cost_per_million_samples(1, 2.5, 1, 0)
+    rc, out = run_cli(["--cost", "--n-gpus", "2", "--price-per-gpu-hour", "2.5", "--hours", "120",
+                       "--samples", "3e6", "--json"])
+    assert rc == 0 and json.loads(out)["cost_per_million_samples"] == pytest.approx(200.0)
+
+
+def test_cli_plan_json_and_exit_status():
+    rc, out = run_cli(["--model", "qwen3-4b", "--gpu-gib", "47.4", "--logits-path", "flash_ce", "--json",
+                       "--options", "offload_views,cpu_optimizer_step,rank0_owner,master_on_host,cast_once"])
+    data = json.loads(out)
+    assert data["units"] == "GiB" and set(data["device_gib"]) == set(B.PHASES)
+    assert rc == (0 if data["fits"] else 1)
+    rc, out = run_cli(["--model", "qwen3-4b", "--gpu-gib", "47.4"])
+    assert "GiB" in out and "verdict:" in out
+    assert run_cli(["--util", "1.2"])[0] == 2
+
+
+def test_budget_module_does_not_import_torch():
+    code = "import sys, rlkit.budget as b; b.plan(b.PlanSpec()); b.run(b.Config(**NB)); assert 'torch' not in sys.modules"
+    nb = {"model": "qwen3-4b", "gpu_gib": 47.4, "n_gpus": 2, "gpu_memory_utilization": 0.85, "max_prompt_length": 2048,
+              "max_response_length": 10240, "train_batch_size": 32, "group_size": 8, "micro_batch_tokens": 24576,
+              "log_prob_micro_batch_tokens": 24576, "lora_rank": 0, "gradient_checkpointing": True, "param_offload": True,
+              "optimizer_offload": True, "cudagraph_gib": 1.0, "non_torch_gib": 0.5, "logits_path": "flash_ce", "host_gib": 0.0,
+              "option_sets": ("", "offload_views,cpu_optimizer_step")}
+    subprocess.run([sys.executable, "-c", f"NB={nb!r}\n{code}"], check=True)
+
+
+def test_notebook_run_metrics():
+    import yaml
+
+    from rlkit.params import build
+    from rlkit.results import PARAMS_DIR
+
+    values = yaml.safe_load((PARAMS_DIR / f"{B.NOTEBOOK}.tiny.yaml").read_text())
+    cfg = build(B.Config, values)
+    m = B.run(cfg)
+    assert set(m) >= {"units", "seed_table", "seed_diff", "plans", "ablations"}
+    assert len(m["seed_table"]) == 9 and len(m["plans"]) == len(cfg.option_sets)
+    with pytest.raises(ParamError, match="option"):
+        build(B.Config, {**values, "option_sets": ["cpu_step"]})
