@@ -1,0 +1,203 @@
+"""The GRPO recipe: strict parameters, overrides that verl 0.9.1's own config accepts, console-metric
+parsing on a verl-format log, rewards, results reading and the CLI."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlkit import data, grpo, offline_model, reward
+from rlkit import params as P
+from rlkit.results import load_profile
+
+FIXTURE = Path(__file__).parent / "fixtures" / "verl_console_sample.log"
+
+
+def _recipe(**changes) -> grpo.GRPORecipe:
+    return grpo.GRPORecipe(**changes)
+
+
+def test_defaults_are_the_mission_run():
+    r = grpo.GRPORecipe()
+    assert (r.model, r.data, r.train_batch_size, r.rollout_n) == ("qwen3-4b", "synthetic", 32, 8)
+    assert (r.ppo_mini_batch_size, r.ppo_epochs, r.n_gpus, r.fsdp_size) == (32, 1, 2, 1)
+    assert r.param_offload and r.free_cache_engine and r.gpu_memory_utilization == 0.85
+    assert r.resolved_reward == "synthetic_hash"  # random-init weights
+    assert _recipe(model="/models/Qwen3-4B").resolved_reward == "dapo_math"
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"ppo_mini_batch_size": 24}, "ppo_mini_batch_size"),
+    ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
+    ({"patches": ("offload_views", "nope")}, "patches"),
+    ({"patches": ("no_shard", "no_shard")}, "patches"),
+    ({"optimizer": "HostAdamW"}, "optimizer_offload"),
+    ({"n_gpus": 3}, "n_gpus"),
+    ({"fsdp_size": 4}, "fsdp_size"),
+    ({"data_rows": 8}, "data_rows"),
+])
+def test_bad_recipe_names_the_key_and_fix(changes, key):
+    with pytest.raises(P.ParamError, match=rf"GRPORecipe\.{key}: .*Fix: "):
+        _recipe(**changes)
+
+
+@pytest.mark.parametrize("profile", ["tiny", "h200"])
+def test_profiles_hold_exactly_the_recipe_fields(profile):
+    values = load_profile(grpo.NOTEBOOK, profile)
+    assert set(values) == set(P.field_names(grpo.GRPORecipe))
+    P.build(grpo.GRPORecipe, values)
+
+
+def test_overrides_carry_the_recipe():
+    r = _recipe(optimizer="HostAdamW", optimizer_offload=False, patches=("offload_views",), steps=3)
+    paths = grpo.Paths(model="/m", train_file="/d.parquet")
+    ov = grpo.render_overrides(r, paths)
+    for expected in ("data.train_batch_size=32", "actor_rollout_ref.rollout.n=8",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_epochs=1",
+                     "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "actor_rollout_ref.model.path=/m",
+                     "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+                     "actor_rollout_ref.actor.optim.optimizer_impl=rlkit.optim",
+                     "actor_rollout_ref.actor.optim.optimizer=HostAdamW",
+                     "actor_rollout_ref.rollout.gpu_memory_utilization=0.85",
+                     "actor_rollout_ref.rollout.free_cache_engine=True", "trainer.total_training_steps=3",
+                     "trainer.logger=[console]", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                     "actor_rollout_ref.model.use_remove_padding=False", "ray_kwargs.ray_init.num_cpus=64",
+                     "reward.custom_reward_function.path=pkg://rlkit.reward",
+                     "reward.custom_reward_function.name=synthetic_hash"):
+        assert expected in ov, expected
+    env = grpo.launch_env(r, "/rec", base={"VERL_USE_EXTERNAL_MODULES": "other"})
+    assert env["RLKIT_PATCHES"] == "offload_views" and env["RLKIT_RECORD_DIR"] == "/rec"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "other,rlkit.verl_plugin"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
+
+
+RECIPES = {
+    "default": {},
+    "host_adamw_static_bsz": {"optimizer": "HostAdamW", "optimizer_offload": False, "use_dynamic_bsz": False},
+    "skip_old_logprob": {"patches": ("offload_views", "no_shard", "skip_old_logprob")},
+    "real_data_reward": {"model": "/models/Qwen3-4B", "reward": "dapo_math"},
+}
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_overrides_compose_with_verls_own_config(name):
+    r = _recipe(**RECIPES[name])
+    config = grpo.compose_verl_config(grpo.render_overrides(r))
+    arr = config.actor_rollout_ref
+    assert config.data.train_batch_size == r.train_batch_size and arr.rollout.n == r.rollout_n
+    assert arr.actor.ppo_mini_batch_size == r.ppo_mini_batch_size and arr.actor.fsdp_config.fsdp_size == 1
+    assert arr.rollout.gpu_memory_utilization == 0.85 and arr.model.override_config.attn_implementation == "sdpa"
+    assert config.trainer.n_gpus_per_node == 2 and list(config.trainer.logger) == ["console"]
+    assert arr.actor.optim.optimizer == r.optimizer
+    expected_fn = None if r.resolved_reward == "dapo_math" else "synthetic_hash"
+    assert (config.reward.custom_reward_function.path is None) == (expected_fn is None)
+    if "skip_old_logprob" in r.patches:
+        assert config.trainer.v1.trainer_mode == "rlkit_onpolicy"
+        assert arr.actor.calculate_entropy is True
+
+
+@pytest.mark.verl
+def test_unknown_override_is_rejected_by_verls_config():
+    r = _recipe(extra_overrides=("actor_rollout_ref.actor.fsdp_config.no_such_key=1",))
+    with pytest.raises(Exception, match="no_such_key"):
+        grpo.compose_verl_config(grpo.render_overrides(r))
+
+
+@pytest.mark.verl
+def test_verify_subprocess_validates_and_loads_the_plugin(tmp_path):
+    """The tiny profile's overrides through verl's validate_config + config dataclasses in a fresh
+    process that imported verl, with the chosen patches applied by the plugin and recorded."""
+    r = P.build(grpo.GRPORecipe, load_profile(grpo.NOTEBOOK, "tiny"))
+    dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
+    model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
+    ov = grpo.render_overrides(r, grpo.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = grpo.verify_subprocess(r, ov, tmp_path)
+    assert result["active_patches"] == list(r.patches) == ["offload_views", "no_shard"]
+    assert "actor_rollout_ref.model" in result["validated_sections"]
+    assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
+    bad = dataclasses.replace(r, micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
+                              extra_overrides=("actor_rollout_ref.rollout.log_prob_micro_batch_size=4",))
+    with pytest.raises(RuntimeError, match="log_prob_micro_batch_size"):
+        grpo.verify_subprocess(bad, grpo.render_overrides(bad, grpo.Paths(model["path"], dataset.path)), tmp_path)
+
+
+def test_parse_console_log_fixture():
+    steps = grpo.parse_console_metrics(FIXTURE.read_text())
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert [s["step"] for s in grpo.training_steps(steps)] == [1, 2, 3]
+    one = steps[1]
+    assert one["timing_s/gen"] == 18.2 and one["timing_s/update_actor"] == 80.4 and one["timing_s/step"] == 138.0
+    assert one["actor/grad_norm"] == 1.7612 and one["actor/pg_loss"] == -0.00421  # np.float64(...) unwrapped
+    assert one["actor/lr"] == 1e-06 and one["training/num_turns/max"] == 2 and one["training/global_step"] == 1
+    summary = grpo.summarize(steps)
+    assert summary["steps_averaged"] == [2, 3]
+    assert summary["step_s"] == pytest.approx((76.1 + 75.4) / 2)
+    assert summary["actor_max_allocated_gib"] == 75.0 and summary["ref_s"] is None
+    table = grpo.phase_table(steps)
+    step1 = {row["phase"]: row["seconds"] for row in table if row["step"] == 1}
+    assert step1["other"] == pytest.approx(138.0 - sum(v for k, v in step1.items() if k != "other"))
+
+
+@pytest.mark.verl
+def test_parser_reads_what_verls_console_logger_prints():
+    import numpy as np
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+    metrics = {"timing_s/gen": 1.5, "actor/pg_loss": np.float64(-2.5e-05), "actor/grad_norm": np.float32(0.75),
+               "training/num_turns/max": np.int64(3), "perf/total_num_tokens": 4096, "critic/score/mean": float("nan")}
+    line = "(TaskRunnerV1 pid=7) " + concat_dict_to_str(metrics, step=12)
+    (parsed,) = grpo.parse_console_metrics(line + "\n")
+    assert math.isnan(parsed.pop("critic/score/mean"))
+    assert parsed == {"step": 12, "timing_s/gen": 1.5, "actor/pg_loss": -2.5e-05, "actor/grad_norm": 0.75,
+                      "training/num_turns/max": 3, "perf/total_num_tokens": 4096}
+
+
+def test_hash_reward_is_deterministic_response_dependent_and_bounded():
+    texts = [f"response {i}" for i in range(64)]
+    scores = [reward.synthetic_hash("math_dapo", t, "7")["score"] for t in texts]
+    assert all(-1.0 <= s < 1.0 for s in scores) and len(set(scores)) == len(texts)
+    digest = int.from_bytes(hashlib.blake2b(b"abc", digest_size=8).digest(), "big")
+    assert reward.hash_reward("abc") == 2 * digest / 2**64 - 1
+    assert reward.verl_overrides("dapo_math") == []
+
+
+@pytest.mark.verl
+def test_dapo_math_reward_is_verls_scoring():
+    assert reward.dapo_math("math_dapo", "so the result is 12.\nAnswer: 42", "42")["score"] == 1.0
+    assert reward.dapo_math("math_dapo", "Answer: 41", "42")["score"] == -1.0
+
+
+def test_read_results_tabulates_arms(tmp_path):
+    base = {"recipe": {"patches": [], "optimizer": "AdamW"}, "launched": True,
+            "steps": grpo.parse_console_metrics(FIXTURE.read_text())}
+    base["summary"] = grpo.summarize(base["steps"])
+    for arm, patches in (("stock", []), ("offload_views", ["offload_views"])):
+        (tmp_path / arm).mkdir()
+        metrics = {**base, "recipe": {**base["recipe"], "patches": patches}}
+        (tmp_path / arm / "metrics.json").write_text(json.dumps(metrics))
+    merged = grpo.read_results(tmp_path)
+    assert [a["arm"] for a in merged["arms"]] == ["offload_views", "stock"]
+    assert merged["arms"][0]["patches"] == "offload_views" and merged["arms"][1]["step_s"] == base["summary"]["step_s"]
+    single = grpo.read_results(tmp_path / "stock")
+    assert len(single["arms"]) == 1 and single["arms"][0]["steps"] == 3
+
+
+def test_launch_is_skipped_without_enough_gpus():
+    launched, reason = grpo.launch_decision(_recipe(n_gpus=8, train_batch_size=32))
+    if grpo.gpu_count() < 8:
+        assert not launched and "n_gpus=8" in reason
+    assert grpo.launch_decision(_recipe(launch="never")) == (False, "launch: never (set launch: auto or always to run verl)")
+
+
+def test_cli_render(capsys):
+    assert grpo.main(["render", "--profile", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m verl.trainer.main_ppo" in out and "RLKIT_PATCHES=offload_views,no_shard" in out
+    assert grpo.main(["render", "--profile", "tiny", "-p", "rollout_n=0"]) == 2
+    assert "GRPORecipe.rollout_n" in capsys.readouterr().err
