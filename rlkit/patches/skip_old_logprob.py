@@ -1,0 +1,25 @@
+"""Skip verl's separate old-log-prob forward when training is strictly on-policy (seed 000, step 3).
+
+Applying the patch registers, in the current verl process, the on-policy policy losses
+(``rlkit_onpolicy``, ``rlkit_onpolicy_tis``) and the V1 sync trainer subclass (``rlkit_onpolicy``);
+see :mod:`rlkit.verl_onpolicy`. Nothing changes until a run selects them, which
+``rlkit.onpolicy.onpolicy_overrides(config)`` does only when ``rlkit.onpolicy.check_on_policy`` passes.
+Apply it in every verl process (driver and workers): the trainer runs in the driver, the loss in workers.
+"""
+from __future__ import annotations
+
+from rlkit.patches import Patch
+
+
+def _apply():
+    from rlkit import verl_onpolicy
+
+    return verl_onpolicy.register()
+
+
+PATCH = Patch(
+    name="skip_old_logprob",
+    summary="serve old_log_probs (PPO ratio, truncated IS weights) from the update forward when strictly on-policy",
+    requires={"torch": ">=2.11,<2.15", "verl": "==0.9.1"},
+    apply_fn=_apply,
+)
