@@ -1,0 +1,308 @@
+"""HostAdamW: the AdamW step on the host, one parameter at a time (seed 000, Steps 2, 4 and 5).
+
+With FSDP1 NO_SHARD every rank holds the whole model, and a device AdamW step needs params, grads,
+exp_avg and exp_avg_sq co-resident (4 x 16 GB for Qwen3-4B in fp32): it does not fit a 48 GB card.
+HostAdamW keeps the fp32 master, exp_avg and exp_avg_sq in host memory. ``step()`` walks the
+parameters (with FSDP1 ``use_orig_params=False``: one FlatParameter per FSDP unit) one at a time:
+
+0. ``grad_checks`` (whole model, on the device) every gradient finite; optionally identical across ranks,
+1. ``grad_d2h``   gradient -> the host "grad" staging buffer (pinned when CUDA is available),
+2. ``host_step``  torch's own functional AdamW on the host master (same kernel as torch.optim.AdamW
+                  with the matching flag, so the result is bit-identical by construction),
+3. ``param_pack`` master -> the host "param" staging buffer (cast if the device param is not fp32),
+4. ``broadcast``  (rank-0 owner only) the updated master from rank 0 to every rank, on the host,
+5. ``param_h2d``  staging buffer -> the device parameter.
+
+Host staging is therefore one parameter, never the whole model. Each step above is a named phase of
+an optional ``timer`` (:class:`rlkit.measure.PhaseTimer`), which the update-phase harness uses.
+
+Rank-0 owner (``rank0_owner=True``): with a process group of N ranks whose gradients are identical
+(FSDP NO_SHARD all-reduces them), only rank 0 keeps Adam state and steps; the others receive the
+updated fp32 master and allocate no Adam state. ``check_identical_grads=True`` asserts the premise
+cheaply (one int64 checksum per gradient, all-reduced). Broadcasts run on the host over gloo: the
+given group when its backend handles CPU tensors (verl's default group is ``cpu:gloo,cuda:nccl``),
+else a gloo group over the same ranks.
+
+Non-finite gradients: verl skips ``step()`` itself when the grad norm is not finite; with
+``skip_nonfinite=True`` (default) HostAdamW also checks every gradient before touching anything and
+leaves params, master and state (step counter included) untouched if one is not finite.
+
+Checkpoints: ``state_dict()`` holds ``step``, ``exp_avg``, ``exp_avg_sq`` per parameter exactly as
+torch.optim.AdamW does; ``load_state_dict()`` keeps that state on the host (the base class would
+move it to the parameters' device). The fp32 master of an fp32 parameter equals the parameter after
+every step, so it is not saved; it is rebuilt from the (restored) parameter at the next step. The
+master of a non-fp32 parameter is not recoverable from it and is saved as ``state["master"]``.
+
+verl: ``actor.optim.optimizer_impl=rlkit.optim actor.optim.optimizer=HostAdamW`` (extra keywords via
+``override_optimizer_config``); keep ``optimizer_offload=false`` so verl does not ship the host state
+to the device at every ``train_mode`` enter.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from contextlib import nullcontext
+from copy import deepcopy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.adam import adam as _adam_functional
+
+from rlkit.optim.staging import StagingPool
+
+IMPLS = ("fused", "foreach", "forloop")
+
+if "decoupled_weight_decay" not in inspect.signature(_adam_functional).parameters:  # torch < 2.7
+    raise ImportError("rlkit.optim.HostAdamW needs torch.optim.adam.adam(decoupled_weight_decay=...) "
+                      f"(torch >= 2.7); this torch is {torch.__version__}. Fix: install torch>=2.11,<2.15.")
+
+
+class HostAdamW(torch.optim.Optimizer):
+    """AdamW whose master weights and moments live on the host; see the module docstring.
+
+    Same keywords as :class:`torch.optim.AdamW` (``lr, betas, eps, weight_decay, amsgrad, maximize``),
+    plus:
+
+    impl: ``"fused"`` (default; torch's fused CPU kernel), ``"foreach"`` or ``"forloop"``; each is
+        bit-identical to torch.optim.AdamW with ``fused=True`` / ``foreach=True`` / ``foreach=False``.
+    pin_memory: staging buffers pinned (``True``, needs CUDA), pageable (``False``), or pinned exactly
+        when CUDA is available (``None``).
+    rank0_owner: rank 0 of ``process_group`` alone holds state and steps; the others receive the
+        updated master. Needs ``torch.distributed`` initialised.
+    process_group: the ranks that share identical gradients (default: the world).
+    skip_nonfinite: check all gradients first and skip the whole step if one is not finite.
+    check_identical_grads: debug assertion that every rank holds the same gradients (checksums).
+    timer: object with ``phase(name)`` context manager (e.g. rlkit.measure.PhaseTimer), or None.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        impl: str = "fused",
+        pin_memory: bool | None = None,
+        rank0_owner: bool = False,
+        process_group=None,
+        skip_nonfinite: bool = True,
+        check_identical_grads: bool = False,
+        timer=None,
+    ) -> None:
+        _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
+                        "maximize": maximize}
+        super().__init__(params, defaults)
+        self.impl = impl
+        self.staging = StagingPool(pin_memory)
+        self.skip_nonfinite = skip_nonfinite
+        self.check_identical_grads = check_identical_grads
+        self.timer = timer
+        self.rank0_owner = rank0_owner
+        self.last_step_skipped = False
+        self._masters: dict[torch.Tensor, torch.Tensor] = {}  # host fp32 masters of fp32 params
+        self._group, self._comm_group, self._owner = None, None, 0
+        self._is_owner = True
+        if rank0_owner or check_identical_grads:
+            self._setup_group(process_group, required=rank0_owner)
+
+    # ------------------------------------------------------------------ process group
+    def _setup_group(self, process_group, *, required: bool) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            if required:
+                raise ValueError("HostAdamW(rank0_owner=True) needs torch.distributed initialised. Fix: call "
+                                 "torch.distributed.init_process_group first, or pass rank0_owner=False.")
+            return  # a single process: there is nothing to compare gradients with
+        group = process_group if process_group is not None else dist.group.WORLD
+        self._group = group
+        backend = str(dist.get_backend(group))
+        # Host tensors go over gloo: reuse the group if it has a CPU backend, else make a gloo twin.
+        self._comm_group = group if "gloo" in backend else dist.new_group(
+            ranks=dist.get_process_group_ranks(group), backend="gloo")
+        self._owner = dist.get_global_rank(group, 0)
+        if self.rank0_owner:
+            self._is_owner = dist.get_rank(group) == 0
+
+    @property
+    def is_owner(self) -> bool:
+        """True where Adam state lives: every rank without rank0_owner, rank 0 of the group with it."""
+        return self._is_owner
+
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else nullcontext()
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        with self._phase("grad_checks"):
+            if self.check_identical_grads and self._comm_group is not None:
+                self._assert_identical_grads(work)
+            finite = self._grads_finite(work) if self.skip_nonfinite else True
+        if not finite:
+            self.last_step_skipped = True
+            return loss
+        self.last_step_skipped = False
+        self._reserve_staging(work)
+        for group, p in work:
+            self._step_one(group, p)
+        return loss
+
+    def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
+        out = self.staging.view("param", p.numel(), p.dtype).view(p.shape)
+        if self._is_owner:
+            with self._phase("grad_d2h"):
+                grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
+                grad.copy_(p.grad)
+            with self._phase("host_step"):
+                master, state = self._master_and_state(p, group)
+                beta1, beta2 = group["betas"]
+                _adam_functional(
+                    [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
+                    [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
+                    foreach=self.impl == "foreach", fused=self.impl == "fused",
+                    capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
+                    amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
+                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                )
+            with self._phase("param_pack"):
+                out.copy_(master)
+        if self.rank0_owner:
+            with self._phase("broadcast"):
+                dist.broadcast(out, src=self._owner, group=self._comm_group)
+        with self._phase("param_h2d"):
+            p.copy_(out)
+
+    def _master_and_state(self, p: torch.Tensor, group: dict[str, Any]):
+        state = self.state[p]
+        fp32_param = p.dtype == torch.float32
+        master = self._masters.get(p) if fp32_param else state.get("master")
+        if master is None:
+            master = torch.empty(p.shape, dtype=torch.float32, device="cpu")
+            master.copy_(p)
+            if fp32_param:
+                self._masters[p] = master
+            else:
+                state["master"] = master
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(master)
+            state["exp_avg_sq"] = torch.zeros_like(master)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(master)
+        return master, state
+
+    def _reserve_staging(self, work) -> None:
+        """Size each staging buffer once, to the largest parameter of this step."""
+        if not work:
+            return
+        self.staging.reserve("param", max(p.numel() * p.element_size() for _, p in work))
+        if self._is_owner:
+            self.staging.reserve("grad", max(p.numel() * 4 for _, p in work))
+
+    def _grads_finite(self, work) -> bool:
+        flags = [torch.isfinite(p.grad).all() for _, p in work]
+        finite = torch.stack(flags).all().to("cpu", torch.int32) if flags else torch.ones((), dtype=torch.int32)
+        if self.rank0_owner:  # the owner decides; every rank must take the same branch
+            dist.broadcast(finite, src=self._owner, group=self._comm_group)
+        return bool(finite.item())
+
+    def _assert_identical_grads(self, work) -> None:
+        """Raise on every rank if any gradient differs across ranks (int64 checksum of the raw bits)."""
+        sums = torch.stack([_bit_checksum(p.grad) for _, p in work]).cpu() if work else torch.zeros(0, dtype=torch.int64)
+        low, high = sums.clone(), sums.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self._comm_group)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self._comm_group)
+        differing = (low != high).nonzero().flatten().tolist()
+        if differing:
+            raise RuntimeError(
+                f"HostAdamW(check_identical_grads=True): gradients of parameters {differing[:8]} differ across "
+                f"ranks. rank0_owner needs identical gradients (FSDP NO_SHARD all-reduce). Fix: apply the "
+                f"no_shard patch so FSDP syncs gradients, or pass rank0_owner=False.")
+
+    # ------------------------------------------------------------------ accounting
+    def adam_state_bytes(self) -> int:
+        """Bytes of Adam moments (exp_avg, exp_avg_sq, max_exp_avg_sq, step) held by this rank."""
+        return sum(t.numel() * t.element_size() for s in self.state.values()
+                   for k, t in s.items() if k != "master" and torch.is_tensor(t))
+
+    def adam_state_params(self) -> int:
+        """Parameters with Adam state on this rank."""
+        return sum(1 for s in self.state.values() if "exp_avg" in s)
+
+    def master_bytes(self) -> int:
+        """Bytes of host fp32 masters held by this rank."""
+        saved = sum(s["master"].numel() * 4 for s in self.state.values() if "master" in s)
+        return saved + sum(m.numel() * 4 for m in self._masters.values())
+
+    def memory_report(self) -> dict[str, Any]:
+        return {
+            "adam_state_bytes": self.adam_state_bytes(),
+            "adam_state_params": self.adam_state_params(),
+            "master_bytes": self.master_bytes(),
+            "staging_bytes": self.staging.nbytes(),
+            "staging_pinned": self.staging.pinned,
+            "staging_allocations": self.staging.allocations,
+            "is_owner": self.is_owner,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Like torch's, but state tensors stay on the host (fp32) instead of moving to the params' device."""
+        groups, saved_groups = self.param_groups, state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError(f"state_dict has {len(saved_groups)} param groups, this optimizer {len(groups)}. "
+                             "Fix: build the optimizer over the same parameter groups as the saved one.")
+        id_to_param: dict[Any, torch.Tensor] = {}
+        for i, (group, saved) in enumerate(zip(groups, saved_groups)):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(f"param group {i}: state_dict has {len(saved['params'])} params, this optimizer "
+                                 f"{len(group['params'])}. Fix: build the optimizer over the same model.")
+            id_to_param.update(zip(saved["params"], group["params"]))
+        state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
+        for param_id, values in state_dict["state"].items():
+            if param_id not in id_to_param:
+                raise ValueError(f"state_dict has state for unknown parameter id {param_id!r}. "
+                                 "Fix: load a state_dict saved from the same model and optimizer.")
+            state[id_to_param[param_id]] = {
+                k: v.detach().to(device="cpu", dtype=torch.float32, copy=True) if torch.is_tensor(v) else deepcopy(v)
+                for k, v in values.items()
+            }
+        self.param_groups = [
+            {**deepcopy({k: v for k, v in saved.items() if k != "params"}), "params": group["params"]}
+            for group, saved in zip(groups, saved_groups)
+        ]
+        self.state = state
+        self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
+
+
+_CHECKSUM_CHUNK = 1 << 26  # elements summed at a time: the int64 upcast stays <= 512 MiB
+
+
+def _bit_checksum(t: torch.Tensor) -> torch.Tensor:
+    """Order-independent int64 sum of the raw bits of ``t`` (exact, so equal tensors give equal sums)."""
+    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    bits = t.detach().contiguous().view(-1).view(as_int)
+    return torch.stack([chunk.sum(dtype=torch.int64) for chunk in bits.split(_CHECKSUM_CHUNK)]).sum()
+
+
+def _check_hyperparameters(*, lr, betas, eps, weight_decay, impl) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"HostAdamW impl={impl!r} is not one of {list(IMPLS)}. Fix: pick one (default 'fused').")
+    if not isinstance(lr, (int, float)) or lr < 0:
+        raise ValueError(f"HostAdamW lr={lr!r}: expected a float >= 0. Fix: pass a non-negative float lr.")
+    if not 0.0 <= eps:
+        raise ValueError(f"HostAdamW eps={eps!r}: expected >= 0.")
+    if len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"HostAdamW betas={betas!r}: expected two floats in [0, 1).")
+    if weight_decay < 0:
+        raise ValueError(f"HostAdamW weight_decay={weight_decay!r}: expected >= 0.")

@@ -1,0 +1,292 @@
+"""HostAdamW against torch.optim.AdamW: bit-exactness, staging reuse, checkpoints, non-finite skip,
+rank-0 owner on 2 gloo processes, and construction through verl's build_optimizer."""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.optim.lr_scheduler import LambdaLR
+
+from rlkit.optim import IMPLS, HostAdamW
+
+TORCH_FLAGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
+SHAPES = [(3000,), (40, 17), (7,), (1,)]  # flat FSDP-like, 2-D, tiny, scalar-like
+HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+STEPS = 6
+
+
+def make_params(seed: int = 0) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SHAPES]
+
+
+def set_grads(params, step: int) -> None:
+    gen = torch.Generator().manual_seed(1000 + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen) * 0.1
+
+
+def lr_lambda(step: int) -> float:
+    return [1.0, 0.5, 0.5, 2.0, 0.25, 1.0, 1.0, 1.0, 1.0, 1.0][step]  # an lr change at most steps
+
+
+def assert_same_state(host: torch.optim.Optimizer, ref: torch.optim.Optimizer, host_params, ref_params):
+    for hp, rp in zip(host_params, ref_params):
+        assert torch.equal(hp, rp), (hp - rp).abs().max()
+        hs, rs = host.state[hp], ref.state[rp]
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(hs[key], rs[key]), key
+            assert hs[key].dtype == rs[key].dtype and hs[key].shape == rs[key].shape, key
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bit_exact_vs_torch_adamw_with_scheduler(impl):
+    host_params, ref_params = make_params(), make_params()
+    host = HostAdamW(host_params, impl=impl, **HYPER)
+    ref = torch.optim.AdamW(ref_params, **HYPER, **TORCH_FLAGS[impl])
+    host_sched, ref_sched = LambdaLR(host, lr_lambda), LambdaLR(ref, lr_lambda)
+    for step in range(STEPS):
+        set_grads(host_params, step)
+        set_grads(ref_params, step)
+        host.step()
+        ref.step()
+        host_sched.step()
+        ref_sched.step()
+        assert host.param_groups[0]["lr"] == ref.param_groups[0]["lr"]
+    assert_same_state(host, ref, host_params, ref_params)
+    assert float(host.state[host_params[0]]["step"]) == STEPS
+    # state_dict holds exactly torch's per-parameter state
+    hsd, rsd = host.state_dict(), ref.state_dict()
+    for idx in rsd["state"]:
+        assert set(hsd["state"][idx]) == set(rsd["state"][idx])
+        for key, value in rsd["state"][idx].items():
+            assert torch.equal(hsd["state"][idx][key], value)
+
+
+def test_staging_buffers_are_reused_and_sized_to_largest_param():
+    params = make_params()
+    opt = HostAdamW(params, **HYPER)
+    set_grads(params, 0)
+    opt.step()
+    after_first = opt.staging.allocations
+    assert after_first == 2  # one buffer per tag: "grad" and "param"
+    largest = max(p.numel() for p in params) * 4
+    assert opt.staging.nbytes() == {"param": largest, "grad": largest}
+    for step in range(1, 5):
+        set_grads(params, step)
+        opt.step()
+    assert opt.staging.allocations == after_first
+    assert opt.staging.pinned == torch.cuda.is_available()
+
+
+def test_pin_memory_true_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: pinning works")
+    with pytest.raises(ValueError, match="pin_memory"):
+        HostAdamW(make_params(), pin_memory=True)
+
+
+@pytest.mark.parametrize("kwargs, key", [({"impl": "cuda"}, "impl"), ({"lr": -1.0}, "lr"),
+                                         ({"betas": (0.9, 1.5)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
+                                         ({"rank0_owner": True}, "rank0_owner")])
+def test_bad_arguments_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        HostAdamW(make_params(), **kwargs)
+
+
+@pytest.mark.parametrize("impl", ["fused", "forloop"])
+def test_state_dict_round_trip_resumes_exactly(impl):
+    params, ref_params = make_params(), make_params()
+    opt = HostAdamW(params, impl=impl, **HYPER)
+    ref = torch.optim.AdamW(ref_params, **HYPER, **TORCH_FLAGS[impl])
+    for step in range(3):
+        set_grads(params, step)
+        set_grads(ref_params, step)
+        opt.step()
+        ref.step()
+    buffer = io.BytesIO()
+    torch.save({"optim": opt.state_dict(), "params": [p.detach().clone() for p in params]}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    resumed_params = [torch.nn.Parameter(t) for t in saved["params"]]
+    resumed = HostAdamW(resumed_params, impl=impl, lr=123.0)  # hyper-parameters come from the checkpoint
+    resumed.load_state_dict(saved["optim"])
+    assert resumed.param_groups[0]["lr"] == HYPER["lr"]
+    for state in resumed.state.values():
+        assert all(t.device.type == "cpu" for t in state.values())
+    for step in range(3, STEPS):
+        set_grads(resumed_params, step)
+        set_grads(ref_params, step)
+        resumed.step()
+        ref.step()
+    assert_same_state(resumed, ref, resumed_params, ref_params)
+
+
+def test_load_state_dict_mismatch_is_a_clear_error():
+    opt = HostAdamW(make_params(), **HYPER)
+    other = HostAdamW(make_params()[:2], **HYPER)
+    with pytest.raises(ValueError, match="same model"):
+        other.load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_gradient_leaves_everything_untouched(bad):
+    params = make_params()
+    opt = HostAdamW(params, **HYPER)
+    set_grads(params, 0)
+    opt.step()
+    before_params = [p.detach().clone() for p in params]
+    before_state = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    set_grads(params, 1)
+    params[-1].grad[0] = bad  # the last parameter: the walk would already have updated the others
+    opt.step()
+    assert opt.last_step_skipped
+    for p, b in zip(params, before_params):
+        assert torch.equal(p, b)
+    for i, s in opt.state_dict()["state"].items():
+        for k, v in s.items():
+            assert torch.equal(v, before_state[i][k]), k
+    set_grads(params, 1)
+    opt.step()
+    assert not opt.last_step_skipped and float(opt.state[params[0]]["step"]) == 2
+
+
+def test_skip_nonfinite_false_steps_like_torch():
+    params, ref_params = make_params(), make_params()
+    opt = HostAdamW(params, skip_nonfinite=False, **HYPER)
+    ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+    for ps in (params, ref_params):
+        set_grads(ps, 0)
+        ps[1].grad[0, 0] = float("nan")
+    opt.step()
+    ref.step()
+    for p, r in zip(params, ref_params):
+        assert torch.equal(p.isnan(), r.isnan()) and torch.equal(p.nan_to_num(), r.nan_to_num())
+
+
+@pytest.mark.verl
+def test_lr_scheduler_drives_param_groups_with_verl_schedule():
+    from verl.utils import torch_functional as verl_tf
+
+    params, ref_params = make_params(), make_params()
+    opt = HostAdamW(params, **HYPER)
+    ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+    scheds = [verl_tf.get_constant_schedule_with_warmup(o, num_warmup_steps=3) for o in (opt, ref)]
+    lrs = []
+    for step in range(STEPS):
+        set_grads(params, step)
+        set_grads(ref_params, step)
+        opt.step()
+        ref.step()
+        for s in scheds:
+            s.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[:3] == pytest.approx([HYPER["lr"] / 3, 2 * HYPER["lr"] / 3, HYPER["lr"]])
+    assert_same_state(opt, ref, params, ref_params)
+
+
+@pytest.mark.verl
+def test_build_through_verl_build_optimizer():
+    from verl.workers.config.optimizer import FSDPOptimizerConfig, build_optimizer
+
+    config = FSDPOptimizerConfig(optimizer_impl="rlkit.optim", optimizer="HostAdamW", lr=1e-2, weight_decay=0.1,
+                                 betas=(0.9, 0.95), override_optimizer_config={"impl": "foreach"})
+    params, ref_params = make_params(), make_params()
+    opt = build_optimizer(params, config)
+    assert isinstance(opt, HostAdamW) and opt.impl == "foreach"
+    group = opt.param_groups[0]
+    assert (group["lr"], group["weight_decay"], group["betas"]) == (1e-2, 0.1, (0.9, 0.95))
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), foreach=True)
+    for step in range(3):
+        set_grads(params, step)
+        set_grads(ref_params, step)
+        opt.step()
+        ref.step()
+    assert_same_state(opt, ref, params, ref_params)
+
+
+# ------------------------------------------------------------------------------ rank-0 owner, 2 gloo ranks
+def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        params, ref_params = make_params(), make_params()
+        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, **HYPER)
+        ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+        scheds = [LambdaLR(o, lr_lambda) for o in (opt, ref)]
+
+        def step(step_idx, optimizer, ps):
+            set_grads(ps, step_idx)
+            optimizer.step()
+
+        for i in range(2):
+            step(i, opt, params)
+            step(i, ref, ref_params)
+            for s in scheds:
+                s.step()
+        # checkpoint: every rank saves its own (rank 1's holds no state), then a fresh optimizer resumes
+        saved = {"optim": opt.state_dict(), "sched": scheds[0].state_dict(),
+                 "params": [p.detach().clone() for p in params]}
+        params = [torch.nn.Parameter(t.clone()) for t in saved["params"]]
+        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, **HYPER)
+        sched = LambdaLR(opt, lr_lambda)  # built before loading, as verl does
+        opt.load_state_dict(saved["optim"])
+        sched.load_state_dict(saved["sched"])
+        for i in range(2, STEPS):
+            step(i, opt, params)
+            step(i, ref, ref_params)
+            sched.step()
+            scheds[1].step()
+        # a non-finite gradient on the owner skips the step on every rank
+        set_grads(params, 99)
+        if rank == 0:
+            params[0].grad[5] = float("inf")
+        snapshot = [p.detach().clone() for p in params]
+        opt.check_identical_grads = False  # the grads now differ on purpose; test the skip alone
+        opt.step()
+        skipped = opt.last_step_skipped and all(torch.equal(p, s) for p, s in zip(params, snapshot))
+        # the debug assertion catches ranks whose gradients differ
+        opt.check_identical_grads = True
+        set_grads(params, 100)
+        if rank == 1:
+            params[1].grad[0, 0] += 1.0
+        try:
+            opt.step()
+            caught = ""
+        except RuntimeError as err:
+            caught = str(err)
+        result = {
+            "max_diff_vs_ref": max(float((p - r).detach().abs().max()) for p, r in zip(params, ref_params)),
+            "params": [p.detach().clone() for p in params],
+            "adam_state_bytes": opt.adam_state_bytes(),
+            "adam_state_params": opt.adam_state_params(),
+            "master_bytes": opt.master_bytes(),
+            "skipped_consistently": skipped,
+            "caught": caught,
+            "state_equal_ref": all(
+                torch.equal(opt.state[p][k], ref.state[r][k])
+                for p, r in zip(params, ref_params) for k in ("step", "exp_avg", "exp_avg_sq")
+            ) if rank == 0 else None,
+        }
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank0_worker, args=(2, os.path.join(tmp, "store"), tmp), nprocs=2, join=True)
+        r0, r1 = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in (0, 1))
+    assert r0["max_diff_vs_ref"] == 0.0 and r1["max_diff_vs_ref"] == 0.0
+    assert r0["state_equal_ref"]
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
+    expected_bytes = sum(2 * 4 * torch.Size(s).numel() + 4 for s in SHAPES)  # exp_avg, exp_avg_sq, step
+    assert r0["adam_state_bytes"] == expected_bytes and r0["adam_state_params"] == len(SHAPES)
+    assert r1["adam_state_bytes"] == 0 and r1["adam_state_params"] == 0 and r1["master_bytes"] == 0
+    assert r0["skipped_consistently"] and r1["skipped_consistently"]
+    assert "differ across ranks" in r0["caught"] and "differ across ranks" in r1["caught"]
