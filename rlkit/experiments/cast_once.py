@@ -1,0 +1,421 @@
+"""Master weights on the host + a bf16 compute copy cast once per step: arms A-D (notebook 03; seed 000, Step 6).
+
+    python -m rlkit.experiments.cast_once --profile tiny|h200 [-p key=value]
+
+The update phase of the update-phase harness (:mod:`rlkit.experiments.update_phase`: random-init
+Qwen3, FSDP1 NO_SHARD, bf16 compute / fp32 reduce, gradient checkpointing, ``no_sync`` on all but the
+last micro-batch, HostAdamW with pinned staging) run for ``steps`` optimizer steps in four arms:
+
+- ``A``: fp32 master on the device, FSDP's per-unshard cast (the baseline),
+- ``B``: + ``cast_once``: the bf16 copy is built once per step and stays resident,
+- ``C``: ``master_on_host``: the fp32 master is parked in pinned host memory; every unshard casts
+  from the host (a host-to-device transfer each time),
+- ``D``: ``master_on_host`` + ``cast_once``.
+
+Per arm and step: peak device GiB, step seconds (fwd/bwd + optimizer), the casts FSDP performed and
+the fp32 bytes they read (:class:`rlkit.cast_count.CastCounter`), the loss, int64 checksums of the
+raw bits of every flat-parameter gradient, and (B, D) max |resident bf16 copy - bf16(current master)|
+measured after forward/backward and before the optimizer step; at step 2 it proves the copy was
+re-cast from the updated master. After the last step the fp32 masters are checksummed too. Every
+arm runs in a fresh process; parity with A is exact equality of losses and checksums.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.params import ParamError, as_dict
+
+NOTEBOOK = "03_cast_once"
+ARMS: dict[str, dict[str, Any]] = {
+    "A": {"label": "A: master on device", "master_on_host": False, "cast_once": False},
+    "B": {"label": "B: cast-once only", "master_on_host": False, "cast_once": True},
+    "C": {"label": "C: master on host", "master_on_host": True, "cast_once": False},
+    "D": {"label": "D: master on host + cast-once", "master_on_host": True, "cast_once": True},
+}
+# Benchmark targets of the issue (results, not tests): D vs A on Qwen3-4B under the 48 GiB cap.
+TARGET_PEAK_SAVING_GIB = 6.0
+TARGET_STEP_TIME_RATIO = 1.03
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str  # rlkit.models preset: tiny | qwen3-735m | qwen3-4b | qwen3-8b
+    device: str  # auto (cuda if available) | cuda | cpu
+    arms: tuple[str, ...]  # subset of A, B, C, D; A (the reference) must be included
+    steps: int  # optimizer steps per arm (>= 2: the step-2 check is the one that catches stale weights)
+    num_sequences: int  # sequences per mini-batch (one mini-batch per step)
+    seq_len: int  # tokens per sequence
+    micro_batch_size: int  # sequences per micro-batch
+    gradient_checkpointing: bool  # like verl's enable_gradient_checkpointing
+    lr: float  # AdamW learning rate
+    weight_decay: float  # AdamW weight decay
+    host_impl: str  # HostAdamW kernel: fused | foreach | forloop
+    host_threads: int  # CPU threads for the host step; 0 = all cores
+    memory_cap_gib: float  # per-process device memory cap in GiB (emulates a 48 GB card); 0 = none
+    deterministic: bool  # torch.use_deterministic_algorithms in every arm, so A-vs-X parity is meaningful on GPU
+    arm_timeout_s: float  # wall-clock limit per arm process
+    seed: int  # model init and batch seed
+
+    def __post_init__(self):
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or "A" not in self.arms or len(set(self.arms)) != len(self.arms):
+            raise ParamError(f"arms={list(self.arms)}: list distinct arms from {list(ARMS)}, including the "
+                             f"reference 'A'. Fix: e.g. arms: [A, B, C, D].")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ParamError(f"device={self.device!r}: use 'auto', 'cuda' or 'cpu'.")
+        if self.host_impl not in ("fused", "foreach", "forloop"):
+            raise ParamError(f"host_impl={self.host_impl!r}: use 'fused', 'foreach' or 'forloop'.")
+        if self.steps < 2:
+            raise ParamError(f"steps={self.steps}: need >= 2 (the step-2 check proves the copy was re-cast "
+                             f"after the optimizer step). Fix: steps: 2 or more.")
+        for key in ("num_sequences", "seq_len", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                raise ParamError(f"{key}={getattr(self, key)}: must be >= 1.")
+        if self.num_sequences % self.micro_batch_size:
+            raise ParamError(f"num_sequences={self.num_sequences} is not a multiple of micro_batch_size="
+                             f"{self.micro_batch_size}. Fix: make it one.")
+        for key in ("lr", "weight_decay", "host_threads", "memory_cap_gib"):
+            if getattr(self, key) < 0:
+                raise ParamError(f"{key}={getattr(self, key)}: must be >= 0.")
+        if self.arm_timeout_s <= 0:
+            raise ParamError(f"arm_timeout_s={self.arm_timeout_s}: must be > 0 seconds.")
+
+    @property
+    def micro_batches(self) -> int:
+        return self.num_sequences // self.micro_batch_size
+
+
+# ---------------------------------------------------------------------------------------- orchestration
+def run(cfg: Config) -> dict[str, Any]:
+    """Run every arm in a fresh process; return the metrics dict (``config``, ``arms``, ``summary``)."""
+    from rlkit.launch import LaunchError, run_module
+
+    config = as_dict(cfg)
+    # cuBLAS needs this before its first handle for deterministic results (used when deterministic=True).
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if cfg.deterministic else {}
+    arms = []
+    for arm in cfg.arms:
+        try:
+            row = run_module("rlkit.experiments.cast_once", {"arm": arm, "config": config}, env=env, timeout=cfg.arm_timeout_s)
+        except LaunchError as err:
+            row = {"arm": arm, "status": "failed", "error": str(err)[-2000:]}
+        except subprocess.TimeoutExpired:
+            row = {"arm": arm, "status": "timeout", "error": f"no result within arm_timeout_s={cfg.arm_timeout_s}"}
+        row["label"] = ARMS[arm]["label"]
+        arms.append(row)
+        print(f"[cast_once] arm {arm}: {row['status']}", file=sys.stderr)
+    compare_with_reference(arms)
+    return {"config": config, "arms": arms, "summary": summarize(arms)}
+
+
+def compare_with_reference(arms: list[dict[str, Any]]) -> None:
+    """Add ``parity_vs_A`` to every finished arm: losses, gradient and final master checksums equal to A's."""
+    ref = next((a for a in arms if a["arm"] == "A" and a["status"] == "ok"), None)
+    for row in arms:
+        if row["status"] != "ok" or ref is None:
+            continue
+        steps = list(zip(ref["steps"], row["steps"]))
+        row["parity_vs_A"] = {
+            "loss_equal": [r["loss"] == x["loss"] for r, x in steps],
+            "loss_abs_diff": [abs(r["loss"] - x["loss"]) for r, x in steps],
+            "grads_equal": [r["grad_checksums"] == x["grad_checksums"] for r, x in steps],
+            "grads_differing": [sum(a != b for a, b in zip(r["grad_checksums"], x["grad_checksums"]))
+                                for r, x in steps],
+            "grad_norm_abs_diff": [abs(r["grad_norm"] - x["grad_norm"]) for r, x in steps],
+            "masters_equal_after_last_step": ref["master_checksums"] == row["master_checksums"],
+        }
+        p = row["parity_vs_A"]
+        p["bit_exact"] = all(p["loss_equal"]) and all(p["grads_equal"]) and p["masters_equal_after_last_step"]
+
+
+def _mean_after_first(values: list[float]) -> float:
+    """Mean over steps 2..N: step 1 pays one-off costs (lazy init, first allocations, pinning)."""
+    rest = values[1:] or values
+    return sum(rest) / len(rest)
+
+
+def summarize(arms: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = {a["arm"]: a for a in arms if a["status"] == "ok"}
+    per_arm = {}
+    for name, a in ok.items():
+        per_arm[name] = {
+            "peak_device_gib": max(s["peak_device_gib"] for s in a["steps"]),
+            "step_seconds": _mean_after_first([s["step_seconds"] for s in a["steps"]]),
+            "fwd_bwd_seconds": _mean_after_first([s["fwd_bwd_seconds"] for s in a["steps"]]),
+            "optimizer_seconds": _mean_after_first([s["optimizer_seconds"] for s in a["steps"]]),
+            "casts_per_step": a["steps"][-1]["casts"]["casts"],
+            "bytes_read_per_step": a["steps"][-1]["casts"]["bytes_read"],
+            "host_to_device_bytes_per_step": a["steps"][-1]["casts"]["host_to_device_bytes"],
+            "num_flat_params": a["num_flat_params"],
+            "resident_max_abs_diff": [s["resident_max_abs_diff"] for s in a["steps"]],
+            "bit_exact_vs_A": a.get("parity_vs_A", {}).get("bit_exact"),
+        }
+    out: dict[str, Any] = {"status": {a["arm"]: a["status"] for a in arms}, "per_arm": per_arm}
+    out["all_bit_exact_vs_A"] = all(v["bit_exact_vs_A"] for v in per_arm.values()) if per_arm else None
+    resident = [d for v in per_arm.values() for d in v["resident_max_abs_diff"] if d is not None]
+    out["resident_copy_fresh"] = all(d == 0.0 for d in resident) if resident else None
+    if "A" in per_arm and "D" in per_arm:
+        a, d = per_arm["A"], per_arm["D"]
+        saving = a["peak_device_gib"] - d["peak_device_gib"]
+        ratio = d["step_seconds"] / a["step_seconds"]
+        out["D_vs_A"] = {
+            "peak_saving_gib": saving,
+            "step_time_ratio": ratio,
+            "casts_per_step_equals_flat_params": d["casts_per_step"] == d["num_flat_params"],
+            "targets": {"peak_saving_gib_min": TARGET_PEAK_SAVING_GIB, "step_time_ratio_max": TARGET_STEP_TIME_RATIO},
+            "peak_target_met": saving >= TARGET_PEAK_SAVING_GIB,
+            "time_target_met": ratio <= TARGET_STEP_TIME_RATIO,
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------- one arm (child)
+def _host_resident_adamw_cls():
+    """HostAdamW that steps a parked master (``HostMasters.exposed``) in place: no param copy, no write-back.
+
+    HostAdamW keeps its own host master and writes it back to the device parameter; with the master
+    already parked on the host that would be a second 4 B/param host copy and two host memcpys per step.
+    Here the exposed parameter (pinned host fp32) *is* the master; the gradient still comes down
+    through HostAdamW's pinned "grad" staging buffer and the update is torch's functional AdamW, the
+    same call HostAdamW makes. Parameters on the device fall back to HostAdamW's own path.
+    """
+    import torch
+    from torch.optim.adam import adam as adam_functional
+
+    from rlkit.optim import HostAdamW
+
+    class HostResidentAdamW(HostAdamW):
+        def _step_one(self, group, p):
+            if p.device.type != "cpu" or p.dtype != torch.float32 or self.rank0_owner:
+                return super()._step_one(group, p)
+            self._masters[p] = p.data  # the parked master is the master
+            with self._phase("grad_d2h"):
+                grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
+                grad.copy_(p.grad)
+            with self._phase("host_step"):
+                master, state = self._master_and_state(p, group)
+                beta1, beta2 = group["betas"]
+                adam_functional(
+                    [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
+                    [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
+                    foreach=self.impl == "foreach", fused=self.impl == "fused",
+                    capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
+                    amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
+                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                )
+
+    return HostResidentAdamW
+
+
+def run_arm(message: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from rlkit import params as P
+    from rlkit import patches
+    from rlkit.cast_count import CastCounter
+    from rlkit.experiments import update_phase as U
+    from rlkit.measure import GIB, PhaseTimer, host_peak_rss_gib
+    from rlkit.optim.host_adamw import _bit_checksum
+    from rlkit.patches import cast_once
+    from rlkit.patches.master_on_host import HostMasters
+
+    cfg = P.build(Config, message["config"], where="cast_once config")
+    arm = message["arm"]
+    spec = ARMS[arm]
+    info = U.init_distributed(U.resolve_device_kind(cfg.device))
+    torch.set_num_threads(cfg.host_threads or os.cpu_count() or 1)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        # Deterministic mode would also NaN-fill every new allocation (pinned masters, staging, the
+        # re-allocated bf16 copy): a cost that is not part of any arm.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    if cfg.memory_cap_gib and info.device.type == "cuda":
+        total = torch.cuda.get_device_properties(info.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_cap_gib * GIB / total), info.device)
+    patches.apply([n for n in ("master_on_host", "cast_once") if spec[n]])
+
+    model = U.build_fsdp_model(cfg.model, info.device, seed=cfg.seed, gradient_checkpointing=cfg.gradient_checkpointing)
+    params = list(model.parameters())
+    opt_args = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": (0.9, 0.999), "impl": cfg.host_impl,
+                "pin_memory": None}
+    masters = None
+    if spec["master_on_host"]:
+        masters = HostMasters(model)
+        masters.park()
+        optimizer = _host_resident_adamw_cls()(params, **opt_args)
+    else:
+        optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     host_impl=cfg.host_impl)
+    result: dict[str, Any] = {
+        "arm": arm, "status": "ok", "device": str(info.device), "patches": patches.active(),
+        "num_flat_params": len(params), "num_params": sum(p.numel() for p in params),
+        "micro_batches": cfg.micro_batches, "steps": [],
+        "device_allocated_before_step1_gib": torch.cuda.memory_allocated(info.device) / GIB
+        if info.device.type == "cuda" else 0.0,
+    }
+    counter = CastCounter()
+    stage = "fwd_bwd"
+    try:
+        with counter.active():
+            for step in range(1, cfg.steps + 1):
+                batch = U.make_minibatch(model.config.vocab_size, cfg.num_sequences, cfg.seq_len, seed=cfg.seed + step)
+                timer = PhaseTimer()
+                stage = "fwd_bwd"
+                loss = U.run_fwd_bwd(model, batch, cfg.micro_batches, timer)
+                # Checks between backward and the step, outside the timed phases.
+                resident_diff = cast_once.resident_vs_master_max_abs_diff(model) if spec["cast_once"] else None
+                grad_checksums = [int(_bit_checksum(p.grad)) for p in params]
+                grad_norm = sum(float(torch.linalg.vector_norm(p.grad)) ** 2 for p in params) ** 0.5
+                stage = "optimizer_step"
+                optimizer.timer = None  # one "optimizer" phase; nested phases would reset the peak counter
+                with timer.phase("optimizer"):
+                    if masters is not None:
+                        with masters.exposed():
+                            optimizer.step()
+                    else:
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                casts = counter.take()
+                phases = timer.as_dict()
+                result["steps"].append({
+                    "step": step,
+                    "loss": loss,
+                    "grad_norm": grad_norm,
+                    "grad_checksums": grad_checksums,
+                    "resident_max_abs_diff": resident_diff,
+                    "casts": casts.as_dict(),
+                    "fwd_bwd_seconds": phases["fwd_bwd"]["seconds"],
+                    "optimizer_seconds": phases["optimizer"]["seconds"],
+                    "step_seconds": phases["fwd_bwd"]["seconds"] + phases["optimizer"]["seconds"],
+                    "peak_device_gib": max(v["peak_device_gib"] for v in phases.values()),
+                    "fwd_bwd_peak_device_gib": phases["fwd_bwd"]["peak_device_gib"],
+                    "resident_copies_after_step": sum(cast_once.is_resident(h) for h in _handles(model)),
+                })
+                print(f"[cast_once] arm {arm} step {step}: loss {loss:.6f} casts {casts.casts} "
+                      f"step {result['steps'][-1]['step_seconds']:.2f}s "
+                      f"peak {result['steps'][-1]['peak_device_gib']:.2f} GiB", file=sys.stderr)
+    except torch.OutOfMemoryError as err:
+        result.update(status="oom", oom_phase=stage, error=str(err).splitlines()[0][:500])
+    if result["status"] == "ok":
+        sources = [masters.host_master(h) for h in masters.handles] if masters is not None else params
+        result["master_checksums"] = [int(_bit_checksum(t.detach())) for t in sources]
+    result["host_peak_rss_gib"] = host_peak_rss_gib()
+    result["host_master_gib"] = masters.host_bytes() / GIB if masters is not None else 0.0
+    patches.revert_all()
+    return result
+
+
+def _handles(model) -> list:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
+
+
+# ---------------------------------------------------------------------------------------- notebook views
+def arms_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm: peak GiB, seconds, casts and bytes per step, parity with A."""
+    from rlkit.measure import GIB
+
+    rows = []
+    per_arm = metrics["summary"]["per_arm"]
+    for a in metrics["arms"]:
+        row: dict[str, Any] = {"arm": a["label"], "status": a["status"]}
+        s = per_arm.get(a["arm"])
+        if s is not None:
+            row.update({
+                "peak_device_gib": s["peak_device_gib"],
+                "step_s": s["step_seconds"],
+                "fwd_bwd_s": s["fwd_bwd_seconds"],
+                "optimizer_s": s["optimizer_seconds"],
+                "casts_per_step": s["casts_per_step"],
+                "flat_params": s["num_flat_params"],
+                "fp32_read_gib_per_step": s["bytes_read_per_step"] / GIB,
+                "h2d_gib_per_step": s["host_to_device_bytes_per_step"] / GIB,
+                "resident_diff_steps": s["resident_max_abs_diff"],
+                "bit_exact_vs_A": s["bit_exact_vs_A"],
+            })
+        rows.append(row)
+    return rows
+
+
+def steps_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm and step: loss, casts, resident-copy check and equality with arm A."""
+    rows = []
+    for a in metrics["arms"]:
+        if a["status"] != "ok":
+            continue
+        parity = a.get("parity_vs_A", {})
+        for i, s in enumerate(a["steps"]):
+            rows.append({
+                "arm": a["arm"], "step": s["step"], "loss": s["loss"], "casts": s["casts"]["casts"],
+                "h2d_casts": s["casts"]["host_to_device_casts"],
+                "resident_vs_master_max_abs": s["resident_max_abs_diff"],
+                "resident_copies_after_step": s["resident_copies_after_step"],
+                "loss_equal_A": parity.get("loss_equal", [None] * len(a["steps"]))[i],
+                "grads_equal_A": parity.get("grads_equal", [None] * len(a["steps"]))[i],
+                "peak_device_gib": s["peak_device_gib"], "step_s": s["step_seconds"],
+            })
+    return rows
+
+
+def findings(metrics: dict[str, Any]) -> str:
+    """The notebook's closing prose, every number read from ``metrics``."""
+    from rlkit.measure import GIB
+
+    s = metrics["summary"]
+    per_arm = s["per_arm"]
+    lines = [f"Arms: {s['status']}."]
+    for name, row in per_arm.items():
+        lines.append(
+            f"{ARMS[name]['label']}: peak {row['peak_device_gib']:.2f} GiB, step {row['step_seconds']:.3f} s "
+            f"(fwd/bwd {row['fwd_bwd_seconds']:.3f} s + optimizer {row['optimizer_seconds']:.3f} s), "
+            f"{row['casts_per_step']} casts/step for {row['num_flat_params']} flat parameters, "
+            f"{row['bytes_read_per_step'] / GIB:.2f} GiB of fp32 read/step "
+            f"({row['host_to_device_bytes_per_step'] / GIB:.2f} GiB from the host).")
+    lines.append(f"Loss, gradients and updated masters bit-identical to arm A in every arm: {s['all_bit_exact_vs_A']}.")
+    if s["resident_copy_fresh"] is not None:
+        lines.append("max |resident bf16 - bf16(current master)| after forward/backward, per step: "
+                     + "; ".join(f"{k}: {v['resident_max_abs_diff']}" for k, v in per_arm.items()
+                                 if any(d is not None for d in v["resident_max_abs_diff"]))
+                     + f" (all 0.0: {s['resident_copy_fresh']}).")
+    d = s.get("D_vs_A")
+    if d is not None:
+        lines.append(
+            f"D vs A: peak {d['peak_saving_gib']:+.2f} GiB saved (target >= {d['targets']['peak_saving_gib_min']} GiB: "
+            f"{'met' if d['peak_target_met'] else 'not met'}), step time x{d['step_time_ratio']:.3f} "
+            f"(target <= x{d['targets']['step_time_ratio_max']}: {'met' if d['time_target_met'] else 'not met'}), "
+            f"casts/step = flat parameters: {d['casts_per_step_equals_flat_params']}.")
+    if metrics["config"]["device"] == "cpu" or all(r["peak_device_gib"] == 0.0 for r in per_arm.values()):
+        lines.append("This run had no GPU: host and device are the same memory, so memory and time differences "
+                     "are not meaningful here; the parity and cast counts are.")
+    return "\n".join(lines)
+
+
+def arms_figure(metrics: dict[str, Any]):
+    """Plotly: peak device GiB and step seconds per arm, side by side."""
+    from plotly.subplots import make_subplots
+
+    per_arm = metrics["summary"]["per_arm"]
+    names = [a["label"] for a in metrics["arms"] if a["arm"] in per_arm]
+    keys = [a["arm"] for a in metrics["arms"] if a["arm"] in per_arm]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak device memory (GiB)", "step time (s, steps 2..N)"))
+    fig.add_bar(x=names, y=[per_arm[k]["peak_device_gib"] for k in keys], row=1, col=1, showlegend=False)
+    fig.add_bar(x=names, y=[per_arm[k]["fwd_bwd_seconds"] for k in keys], name="fwd/bwd", row=1, col=2)
+    fig.add_bar(x=names, y=[per_arm[k]["optimizer_seconds"] for k in keys], name="optimizer", row=1, col=2)
+    fig.update_layout(barmode="stack", height=380)
+    return fig
+
+
+if __name__ == "__main__":
+    if "--result" in sys.argv[1:]:  # launched by run(): one arm in this fresh process
+        from rlkit.launch import child_main
+
+        child_main(run_arm)
+    else:
+        from rlkit.experiments import experiment_main
+
+        sys.exit(experiment_main(Config, run, NOTEBOOK))
