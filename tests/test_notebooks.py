@@ -14,6 +14,13 @@ IDS = [p.stem for p in NOTEBOOKS]
 # Top-level keys each notebook's metrics.json must have (the smoke run checks them).
 METRICS_KEYS: dict[str, set[str]] = {
     "00_phase_budget": {"units", "seed_table", "seed_diff", "plans", "ablations", "cost_examples"},
+    "01_offload_bug": {"model", "device", "model_params", "model_gib", "memory_measured", "rows", "grad_sync"},
+    "02_host_adamw": {"config", "arms", "bench_copy", "bench_adam", "summary"},
+    "03_cast_once": {"config", "arms", "summary"},
+    "04_skip_old_logprob": {"implementation", "setup", "bit_exactness", "timing", "phases", "guard", "overrides",
+                            "metrics_with_skip"},
+    "05_grpo_qwen3_4b": {"recipe", "reward", "data", "model", "overrides", "command", "preflight", "verify",
+                         "launched", "launch_reason", "steps", "summary", "arms"},
 }
 
 
