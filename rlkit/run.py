@@ -127,6 +127,40 @@ def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = Tr
     return RunResult(path.stem, tag, True, time.perf_counter() - start, folder.path, metrics=metrics)
 
 
+def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: bool = True) -> RunResult:
+    """Execute ``path`` over saved results (``results_dir`` parameter) into ``results_dir/executed.ipynb``.
+
+    For results measured elsewhere (a GPU node without Jupyter): the folder keeps the params, env and
+    metrics written where the work ran; only the executed notebook is added.
+    """
+    import tempfile
+
+    import papermill
+
+    results_dir = Path(results_dir)
+    if not (results_dir / "metrics.json").exists():
+        raise RunError(f"{results_dir} has no metrics.json to render; run the experiment first")
+    start = time.perf_counter()
+    target = results_dir / "executed.ipynb"
+    partial = results_dir / ".executed.ipynb.partial"
+    with tempfile.TemporaryDirectory(prefix="rlkit-render-") as scratch:
+        env_before = os.environ.get("RLKIT_OUT_DIR")
+        os.environ["RLKIT_OUT_DIR"] = scratch  # the notebook's copy of metrics.json is not needed here
+        try:
+            papermill.execute_notebook(str(path), str(partial), parameters={**values, "results_dir": str(results_dir)},
+                                       progress_bar=progress, cwd=str(path.parent), kernel_name="python3")
+        except Exception as err:
+            partial.unlink(missing_ok=True)
+            return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir, error=_short(err))
+        finally:
+            if env_before is None:
+                os.environ.pop("RLKIT_OUT_DIR", None)
+            else:
+                os.environ["RLKIT_OUT_DIR"] = env_before
+    partial.replace(target)
+    return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir)
+
+
 def _short(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: " + (" | ".join(line for line in text[-6:] if line.strip()))[:600]
@@ -169,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run once per value (several --grid give the cartesian product)")
     parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
     parser.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--render", default=None, metavar="RESULTS_DIR",
+                        help="execute the notebook over saved results in RESULTS_DIR (adds executed.ipynb there)")
     ns = parser.parse_args(argv)
     names = [p.stem for p in sorted(NBS_DIR.glob("[0-9]*.ipynb"))] if ns.all else ns.notebooks
     if not names:
@@ -178,6 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     except (RunError, ProfileError) as err:
         print(f"rlkit run: {err}", file=sys.stderr)
         return 2
+    if ns.render:
+        if len(planned) != 1:
+            print("rlkit run: --render takes exactly one notebook and no grid", file=sys.stderr)
+            return 2
+        path, values, _ = planned[0]
+        try:
+            result = render(path, values, Path(ns.render), progress=not ns.quiet)
+        except RunError as err:
+            print(f"rlkit run: {err}", file=sys.stderr)
+            return 2
+        print(summary([result]))
+        return 0 if result.ok else 1
     results = []
     for i, (path, values, tag) in enumerate(planned, 1):
         print(f"[{i}/{len(planned)}] {path.name} -> outputs/{path.stem}/{tag}", flush=True)

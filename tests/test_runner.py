@@ -82,3 +82,31 @@ def test_failed_run_leaves_no_complete_looking_folder(notebook, tmp_path):
     failed = root / "demo" / "bad.failed"
     assert (failed / "FAILED.txt").exists() and not (failed / "metrics.json").exists()
     assert "FAILED" in R.summary([result])
+
+
+RENDER_BODY = (
+    "import json, os\n"
+    "metrics = json.load(open(os.path.join(results_dir, 'metrics.json')))\n"
+    "print('rendered', metrics['x'])\n"
+    "json.dump(metrics, open(os.path.join(os.environ['RLKIT_OUT_DIR'], 'metrics.json'), 'w'))\n"
+)
+
+
+def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# demo"), params, nbformat.v4.new_code_cell(RENDER_BODY)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "demo.ipynb"
+    nbformat.write(nb, path)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "metrics.json").write_text(json.dumps({"x": 7}))
+    result = R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+    assert result.ok, result.error
+    executed = nbformat.read(saved / "executed.ipynb", as_version=4)
+    assert "rendered 7" in executed.cells[-1].outputs[0]["text"]
+    assert sorted(p.name for p in saved.iterdir()) == ["executed.ipynb", "metrics.json"]
+    with pytest.raises(R.RunError, match="no metrics.json"):
+        R.render(path, {"x": 1, "label": "a"}, tmp_path, progress=False)
