@@ -26,6 +26,10 @@ def dist_version(name: str) -> str | None:
 
 
 def git_sha(root: Path = REPO_ROOT) -> str | None:
+    """HEAD of the checkout (``-dirty`` with local changes); a copy without ``.git`` (e.g. a tree sent to
+    a GPU node) can state its revision in ``RLKIT_GIT_SHA``."""
+    if os.environ.get("RLKIT_GIT_SHA"):
+        return os.environ["RLKIT_GIT_SHA"]
     try:
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10

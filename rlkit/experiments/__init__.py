@@ -20,7 +20,8 @@ from rlkit import params as P
 from rlkit.results import ResultsFolder, load_profile, parse_overrides
 
 
-def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, argv=None) -> int:
+def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, argv=None,
+                    notebook_only: tuple[str, ...] = ("results_dir",)) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m rlkit.experiments.{run_fn.__module__.rsplit('.', 1)[-1]}")
     parser.add_argument("--profile", default="tiny", help="parameter file nbs/params/<notebook>.<profile>.yaml")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
@@ -30,7 +31,8 @@ def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, ar
     ns = parser.parse_args(argv)
     values = load_profile(notebook, ns.profile)
     values.update(parse_overrides(ns.param))
-    values.pop("results_dir", None)  # a notebook-only parameter: render saved results instead of running
+    for key in notebook_only:  # notebook-only parameters (e.g. results_dir: render saved results)
+        values.pop(key, None)
     try:
         cfg = P.build(config_cls, values, where=f"parameters of {notebook}")
     except P.ParamError as err:
