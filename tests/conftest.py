@@ -1,4 +1,7 @@
+import contextlib
 import importlib.util
+import os
+import tempfile
 
 import pytest
 
@@ -21,3 +24,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "verl" in item.keywords and not has_verl:
             item.add_marker(skip_verl)
+
+
+@contextlib.contextmanager
+def gloo_world_of_one():
+    """A one-rank gloo process group (FSDP1 needs a default group even on one CPU process)."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rdzv')}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+@pytest.fixture
+def single_rank_group():
+    with gloo_world_of_one():
+        yield

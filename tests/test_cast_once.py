@@ -7,11 +7,10 @@ computed does not).
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
+from conftest import gloo_world_of_one
 from torch.distributed.fsdp._flat_param import FlatParamHandle
 
 from rlkit import patches
@@ -27,13 +26,9 @@ SEQ = 16
 
 
 @pytest.fixture(scope="module", autouse=True)
-def single_rank_group():
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rdzv')}", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
+def module_process_group():
+    with gloo_world_of_one():
+        yield
 
 
 @pytest.fixture(autouse=True)

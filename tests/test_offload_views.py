@@ -151,16 +151,6 @@ def test_apply_is_idempotent_and_revert_restores_the_original():
     assert FlatParamHandle.flat_param_to is original
 
 
-@pytest.fixture
-def single_rank_group():
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rdzv')}", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-
-
 @pytest.mark.verl
 @pytest.mark.parametrize("patched", [False, True])
 def test_verl_engine_offload_leaves_no_stale_views_under_the_patch(single_rank_group, patched):
