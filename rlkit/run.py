@@ -179,7 +179,9 @@ def plan_runs(notebook: str, profile: str, overrides: list[str], grid: list[str]
 
 
 def summary(results: list[RunResult]) -> str:
-    rel = lambda p: os.path.relpath(p, Path.cwd())  # noqa: E731
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, Path.cwd())
+
     lines = [f"{'notebook':24} {'tag':28} {'status':7} {'secs':>7}  results"]
     for r in results:
         status = "ok" if r.ok else "FAILED"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from rlkit import params as P
@@ -39,7 +38,7 @@ def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, ar
         print(f"error: {err}", file=sys.stderr)
         return 2
     folder = ResultsFolder.create(notebook, ns.tag or ns.profile, root=ns.out)
-    with folder.writing() as out_dir:
+    with folder.writing():
         folder.write_params(P.as_dict(cfg))
         folder.write_env()
         metrics = run_fn(cfg)
