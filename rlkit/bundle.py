@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import re
+from collections import defaultdict
 import shutil
 import subprocess
 import sys
@@ -87,8 +88,41 @@ class Plan:
         return [d for d in self.decisions if d.bring]
 
 
-def decide(resolved: list[tuple[str, str, str]], have: dict[str, str], skip: tuple[str, ...]) -> list[Decision]:
-    """Which resolved (name, version, url) the node needs: missing there, or there in another version."""
+def requirement_specs(requires: list[str], python: str) -> dict[str, list]:
+    """Every version specifier the resolved set puts on each distribution, for a Linux x86-64 CPython node.
+
+    A requirement behind an extra counts if any extra it names would enable it: stricter than needed,
+    so at worst one wheel too many is carried, never one too few.
+    """
+    from packaging.requirements import Requirement
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    specs: dict[str, list] = defaultdict(list)
+    for raw in requires:
+        req = Requirement(raw)
+        if req.marker is not None:
+            extras = re.findall(r"extra\s*==\s*['\"]([^'\"]+)", str(req.marker)) or [""]
+            if not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+                continue
+        specs[canonical(req.name)].append(req.specifier)
+    return specs
+
+
+def decide(resolved: list[tuple[str, str, str]], have: dict[str, str], skip: tuple[str, ...],
+           specs: dict[str, list] | None = None) -> list[Decision]:
+    """Which resolved (name, version, url) the node needs: missing there, or there in a version that
+    does not satisfy what the resolved set requires of it (``specs``, from :func:`requirement_specs`)."""
+    from packaging.version import InvalidVersion, Version
+
+    def node_suffices(key: str, node_version: str) -> bool:
+        try:
+            version = Version(node_version)
+        except InvalidVersion:
+            return False
+        return specs is not None and all(version in spec for spec in specs.get(key, []))
+
     skip_set = {canonical(s) for s in skip}
     out = []
     for name, version, url in resolved:
@@ -100,6 +134,8 @@ def decide(resolved: list[tuple[str, str, str]], have: dict[str, str], skip: tup
             out.append(Decision(key, version, False, f"node keeps its own {node_version}", url))
         elif node_version == version:
             out.append(Decision(key, version, False, "node has this version", url))
+        elif node_version is not None and node_suffices(key, node_version):
+            out.append(Decision(key, version, False, f"node's {node_version} satisfies every requirement", url))
         elif node_version is not None:
             out.append(Decision(key, version, True, f"node has {node_version}, needs {version}", url))
         else:
@@ -114,8 +150,10 @@ def platform_args(python: str, glibc_max: int) -> list[str]:
     return args + ["--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64", "--platform", "any"]
 
 
-def resolve(specs: list[str], python: str, glibc_max: int, local_wheels: Path) -> list[tuple[str, str, str]]:
-    """Resolve ``specs`` for the node with pip's dry-run report (metadata only, no full downloads)."""
+def resolve(specs: list[str], python: str, glibc_max: int, local_wheels: Path) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """Resolve ``specs`` for the node with pip's dry-run report (metadata only, no full downloads).
+
+    Returns the resolved (name, version, url) and every ``Requires-Dist`` line of the resolved set."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
@@ -125,7 +163,9 @@ def resolve(specs: list[str], python: str, glibc_max: int, local_wheels: Path) -
         if proc.returncode != 0:
             raise BundleError(f"pip could not resolve {specs} for Python {python}:\n{proc.stderr[-2000:]}")
         data = json.loads(report.read_text())
-    return [(i["metadata"]["name"], i["metadata"]["version"], i["download_info"]["url"]) for i in data["install"]]
+    resolved = [(i["metadata"]["name"], i["metadata"]["version"], i["download_info"]["url"]) for i in data["install"]]
+    requires = [r for i in data["install"] for r in i["metadata"].get("requires_dist") or []]
+    return resolved, list(specs) + requires
 
 
 def build_local_wheels(dest: Path) -> None:
@@ -252,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             local = out / "local-wheels"
             build_local_wheels(local)
             specs = ns.spec or list(DEFAULT_SPECS)
-            resolved = resolve(specs, ns.python, ns.glibc_max, local)
+            resolved, requires = resolve(specs, ns.python, ns.glibc_max, local)
             plan = Plan(ns.python, [f"manylinux_2_{ns.glibc_max}_x86_64"], specs,
-                        decide(resolved, have, () if ns.keep_optional else SKIPPABLE_DENSE))
+                        decide(resolved, have, () if ns.keep_optional else SKIPPABLE_DENSE,
+                               requirement_specs(requires, ns.python)))
             (out / "plan.json").write_text(json.dumps([asdict(d) for d in plan.decisions], indent=2))
             print(f"{len(plan.to_bring)} of {len(plan.decisions)} resolved distributions go to the node")
             for d in plan.to_bring:

@@ -74,3 +74,15 @@ def test_parts_are_split_at_the_limit_and_corruption_is_caught(tmp_path):
 def test_freeze_lists_this_environment():
     frozen = B.read_freeze(B.freeze())
     assert "pytest" in frozen and "packaging" in frozen
+
+
+def test_a_node_version_that_satisfies_every_requirement_stays():
+    resolved = [("click", "8.5.1", "u1"), ("tokenizers", "0.22.2", "u2"), ("transformers", "5.9.0", "u3"),
+                ("rich", "14.0", "u4")]
+    requires = ["click>=8.0", "tokenizers<=0.23.0,>=0.22.0", "transformers==5.9.0; python_version >= '3.10'",
+                "rich>=14; extra == 'cli'", "click<8.5; python_version < '3.9'"]
+    have = B.read_freeze("click==8.5.0\ntokenizers==0.23.2\ntransformers==5.17.0\nrich==13.9\n")
+    decisions = {d.name: d for d in B.decide(resolved, have, (), B.requirement_specs(requires, "3.12"))}
+    assert not decisions["click"].bring and "satisfies" in decisions["click"].reason  # 3.9 marker is false
+    assert decisions["tokenizers"].bring and decisions["transformers"].bring
+    assert decisions["rich"].bring  # a requirement behind an extra still counts: carry rather than break
