@@ -55,9 +55,7 @@ def train(arm: str, *, steps: int = 2, micro_batches: int = 3, host_adamw: bool 
     if masters is not None:
         masters.park()
     if host_adamw:
-        cls = experiment._host_resident_adamw_cls() if masters is not None else U.make_optimizer
-        optimizer = (cls(params, lr=LR, weight_decay=0.1) if masters is not None
-                     else cls("host_pinned", params, lr=LR, weight_decay=0.1))
+        optimizer = U.make_optimizer("host_pinned", params, lr=LR, weight_decay=0.1)  # steps exposed masters in place
     else:
         optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
     out = {"loss": [], "grads": [], "casts": [], "h2d": [], "resident_diff": [], "resident_after_step": [],

@@ -1,5 +1,8 @@
 """HostAdamW against torch.optim.AdamW: bit-exactness, staging reuse, checkpoints, non-finite skip,
-rank-0 owner on 2 gloo processes, and construction through verl's build_optimizer."""
+rank-0 owner on 2 gloo processes, and construction through verl's build_optimizer.
+
+On a CPU machine every fp32 parameter is host-resident (its own master, stepped in place); bf16
+parameters take the packed-copy path that device parameters take on a GPU."""
 from __future__ import annotations
 
 import io
@@ -12,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.optim.lr_scheduler import LambdaLR
 
+from rlkit.measure import PhaseTimer
 from rlkit.optim import IMPLS, HostAdamW
 
 TORCH_FLAGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
@@ -28,7 +32,7 @@ def make_params(seed: int = 0) -> list[torch.nn.Parameter]:
 def set_grads(params, step: int) -> None:
     gen = torch.Generator().manual_seed(1000 + step)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=gen) * 0.1
+        p.grad = (torch.randn(p.shape, generator=gen) * 0.1).to(p.dtype)
 
 
 def lr_lambda(step: int) -> float:
@@ -69,19 +73,120 @@ def test_bit_exact_vs_torch_adamw_with_scheduler(impl):
 
 
 def test_staging_buffers_are_reused_and_sized_to_largest_param():
-    params = make_params()
+    packed = torch.nn.Parameter(torch.randn(5000, dtype=torch.bfloat16))  # the largest; not host fp32: packed
+    params = make_params() + [packed]
     opt = HostAdamW(params, **HYPER)
     set_grads(params, 0)
     opt.step()
     after_first = opt.staging.allocations
     assert after_first == 2  # one buffer per tag: "grad" and "param"
-    largest = max(p.numel() for p in params) * 4
-    assert opt.staging.nbytes() == {"param": largest, "grad": largest}
+    # every gradient comes through "grad" (fp32); only the non-host-fp32 parameter through "param"
+    assert opt.staging.nbytes() == {"param": packed.numel() * 2, "grad": packed.numel() * 4}
     for step in range(1, 5):
         set_grads(params, step)
         opt.step()
     assert opt.staging.allocations == after_first
     assert opt.staging.pinned == torch.cuda.is_available()
+
+
+def _expose(params, masters):
+    """HostMasters.exposed() without FSDP: each parameter's .data becomes its host fp32 master."""
+    placeholders = [p.data for p in params]
+    for p, m in zip(params, masters):
+        p.data = m
+    return placeholders
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_resident_master_is_stepped_in_place_bit_exact(impl):
+    masters = [p.detach().clone() for p in make_params()]
+    pointers = [m.data_ptr() for m in masters]
+    params = [torch.nn.Parameter(torch.zeros_like(m)) for m in masters]  # the parked flat params' placeholders
+    ref_params = make_params()
+    timer = PhaseTimer()
+    host = HostAdamW(params, impl=impl, timer=timer, **HYPER)
+    ref = torch.optim.AdamW(ref_params, **HYPER, **TORCH_FLAGS[impl])
+    for step in range(STEPS):
+        set_grads(params, step)
+        set_grads(ref_params, step)
+        if step == 2:  # a non-finite gradient: the masters and the state stay as they are
+            params[-1].grad[0] = float("inf")
+            before = [m.clone() for m in masters]
+            placeholders = _expose(params, masters)
+            host.step()
+            _expose(params, placeholders)
+            assert host.last_step_skipped and all(torch.equal(m, b) for m, b in zip(masters, before))
+            assert float(host.state[params[0]]["step"]) == 2
+            set_grads(params, step)
+        placeholders = _expose(params, masters)
+        host.step()
+        _expose(params, placeholders)
+        ref.step()
+    for m, r, ptr, p in zip(masters, ref_params, pointers, params):
+        assert torch.equal(m, r) and m.data_ptr() == ptr
+        assert torch.equal(p, torch.zeros_like(p))  # the placeholder is never written
+    for p, r in zip(params, ref_params):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(host.state[p][key], ref.state[r][key]), key
+    assert host.master_bytes() == 0 and "param" not in host.staging.nbytes()  # no copy of the master
+    assert {"param_pack", "param_h2d"} <= set(timer.seconds)  # entered (empty): same phase names as the device path
+    # the checkpoint holds torch's state only; a restored optimizer over the same masters resumes exactly
+    saved = host.state_dict()
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in saved["state"].values())
+    resumed = HostAdamW(params, impl=impl, **HYPER)
+    resumed.load_state_dict(saved)
+    set_grads(params, STEPS)
+    set_grads(ref_params, STEPS)
+    placeholders = _expose(params, masters)
+    resumed.step()
+    _expose(params, placeholders)
+    ref.step()
+    assert all(torch.equal(m, r) for m, r in zip(masters, ref_params))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_fp32_params_step_a_separate_host_master_bit_exact(impl):
+    params = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in make_params()]
+    ref_params = [torch.nn.Parameter(p.detach().float()) for p in params]
+    host = HostAdamW(params, impl=impl, **HYPER)
+    ref = torch.optim.AdamW(ref_params, **HYPER, **TORCH_FLAGS[impl])
+    for step in range(STEPS):
+        set_grads(params, step)
+        for p, r in zip(params, ref_params):
+            r.grad = p.grad.float()
+        host.step()
+        ref.step()
+    for p, r in zip(params, ref_params):
+        assert torch.equal(host.state[p]["master"], r) and torch.equal(p, r.to(torch.bfloat16))
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(host.state[p][key], ref.state[r][key]), key
+    assert host.master_bytes() == sum(p.numel() * 4 for p in params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_grad_on_host_master_and_switching_between_device_and_host_bit_exact():
+    """Grads on the device, the master alternately on the device (copy path) and parked on the host (in place)."""
+    params = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]
+    ref_params = make_params()
+    host = HostAdamW(params, **HYPER)
+    ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+    for step in range(STEPS):
+        set_grads(ref_params, step)
+        for p, r in zip(params, ref_params):
+            p.grad = r.grad.cuda()
+        parked = step % 3 != 0  # steps 0 and 3 on the device; the others in place on the host
+        if parked:
+            placeholders = _expose(params, [p.detach().cpu().pin_memory() for p in params])
+        host.step()
+        ref.step()
+        for p, r in zip(params, ref_params):
+            assert torch.equal(p.detach().cpu(), r), step
+        if parked:
+            for p, placeholder in zip(params, placeholders):
+                placeholder.copy_(p.data)  # unpark
+                p.data = placeholder
+        assert host.master_bytes() == (0 if parked else sum(p.numel() * 4 for p in params))
 
 
 def test_pin_memory_true_without_cuda_is_a_clear_error():
@@ -260,6 +365,12 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
             caught = ""
         except RuntimeError as err:
             caught = str(err)
+        # the packed-copy path (not host fp32, like device params): the owner's master goes out packed
+        packed = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in make_params()]
+        packed_opt = HostAdamW(packed, rank0_owner=True, **HYPER)
+        for i in range(2):
+            set_grads(packed, i)
+            packed_opt.step()
         result = {
             "max_diff_vs_ref": max(float((p - r).detach().abs().max()) for p, r in zip(params, ref_params)),
             "params": [p.detach().clone() for p in params],
@@ -268,6 +379,8 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
             "master_bytes": opt.master_bytes(),
             "skipped_consistently": skipped,
             "caught": caught,
+            "packed": [p.detach().clone() for p in packed],
+            "packed_report": packed_opt.memory_report(),
             "state_equal_ref": all(
                 torch.equal(opt.state[p][k], ref.state[r][k])
                 for p, r in zip(params, ref_params) for k in ("step", "exp_avg", "exp_avg_sq")
@@ -290,3 +403,6 @@ def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore():
     assert r1["adam_state_bytes"] == 0 and r1["adam_state_params"] == 0 and r1["master_bytes"] == 0
     assert r0["skipped_consistently"] and r1["skipped_consistently"]
     assert "differ across ranks" in r0["caught"] and "differ across ranks" in r1["caught"]
+    assert all(torch.equal(a, b) for a, b in zip(r0["packed"], r1["packed"]))
+    assert r0["packed_report"]["master_bytes"] == sum(4 * torch.Size(s).numel() for s in SHAPES)
+    assert r1["packed_report"]["master_bytes"] == 0 and r1["packed_report"]["adam_state_params"] == 0

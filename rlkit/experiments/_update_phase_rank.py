@@ -88,7 +88,7 @@ def run_arm(cfg: U.Config, spec: str) -> dict[str, Any]:
     result["peak_device_gib"] = max((v["peak_device_gib"] for t in [timer, *step_timers]
                                      for v in t.as_dict().values()), default=0.0)
     if result["status"] == "ok":
-        result["bandwidth_gbps"] = _bandwidth(phases, result["num_params"])
+        result["bandwidth_gbps"] = _bandwidth(phases, result["num_params"], moved=info.device.type == "cuda")
     result["per_rank"] = _gather_rank_reports(info, optimizer, result["peak_device_gib"])
     dist.destroy_process_group()
     return result
@@ -114,11 +114,15 @@ def _gather_rank_reports(info: U.DistInfo, optimizer, peak_device_gib: float) ->
     return gathered
 
 
-def _bandwidth(phases: dict[str, Any], num_params: int) -> dict[str, float]:
-    """GB/s (1e9) of each host phase: fp32 bytes moved, and params/s of the host step."""
+def _bandwidth(phases: dict[str, Any], num_params: int, *, moved: bool) -> dict[str, float]:
+    """GB/s (1e9) of each host phase: fp32 bytes moved, and params/s of the host step.
+
+    Without a device (``moved`` False) parameters are stepped in place, so the pack/upload phases
+    move nothing and get no bandwidth."""
     out = {}
     nbytes = num_params * 4
-    for name in ("grad_d2h", "param_h2d", "param_pack", "broadcast"):
+    transfers = ("grad_d2h", "param_h2d", "param_pack", "broadcast") if moved else ("grad_d2h", "broadcast")
+    for name in transfers:
         if name in phases and phases[name]["seconds"] > 0:
             out[name] = nbytes / phases[name]["seconds"] / 1e9
     if "host_step" in phases:

@@ -207,43 +207,6 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- one arm (child)
-def _host_resident_adamw_cls():
-    """HostAdamW that steps a parked master (``HostMasters.exposed``) in place: no param copy, no write-back.
-
-    HostAdamW keeps its own host master and writes it back to the device parameter; with the master
-    already parked on the host that would be a second 4 B/param host copy and two host memcpys per step.
-    Here the exposed parameter (pinned host fp32) *is* the master; the gradient still comes down
-    through HostAdamW's pinned "grad" staging buffer and the update is torch's functional AdamW, the
-    same call HostAdamW makes. Parameters on the device fall back to HostAdamW's own path.
-    """
-    import torch
-    from torch.optim.adam import adam as adam_functional
-
-    from rlkit.optim import HostAdamW
-
-    class HostResidentAdamW(HostAdamW):
-        def _step_one(self, group, p):
-            if p.device.type != "cpu" or p.dtype != torch.float32 or self.rank0_owner:
-                return super()._step_one(group, p)
-            self._masters[p] = p.data  # the parked master is the master
-            with self._phase("grad_d2h"):
-                grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
-                grad.copy_(p.grad)
-            with self._phase("host_step"):
-                master, state = self._master_and_state(p, group)
-                beta1, beta2 = group["betas"]
-                adam_functional(
-                    [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
-                    [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
-                    foreach=self.impl == "foreach", fused=self.impl == "fused",
-                    capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
-                    amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
-                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                )
-
-    return HostResidentAdamW
-
-
 def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -252,7 +215,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     from rlkit.cast_count import CastCounter
     from rlkit.experiments import update_phase as U
     from rlkit.measure import GIB, PhaseTimer, host_peak_rss_gib
-    from rlkit.optim.host_adamw import _bit_checksum
+    from rlkit.optim.host_adamw import HostAdamW, _bit_checksum
     from rlkit.patches import cast_once
     from rlkit.patches.master_on_host import HostMasters
 
@@ -279,7 +242,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     if spec["master_on_host"]:
         masters = HostMasters(model)
         masters.park()
-        optimizer = _host_resident_adamw_cls()(params, **opt_args)
+        optimizer = HostAdamW(params, **opt_args)  # exposed() masters are host fp32: stepped in place
     else:
         optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                      host_impl=cfg.host_impl)

@@ -16,6 +16,13 @@ parameters (with FSDP1 ``use_orig_params=False``: one FlatParameter per FSDP uni
 Host staging is therefore one parameter, never the whole model. Each step above is a named phase of
 an optional ``timer`` (:class:`rlkit.measure.PhaseTimer`), which the update-phase harness uses.
 
+Host-resident parameters: a parameter whose ``.data`` is a host fp32 tensor (a CPU model, or a flat
+parameter inside ``rlkit.patches.master_on_host.HostMasters.exposed()``, whose gradient stays on the
+device) is its own master. It is stepped in place: no master copy, and ``param_pack`` / ``param_h2d``
+do nothing (their phases are still entered, so every step reports the same phase names). Its
+gradient still comes down through the "grad" staging buffer; with ``rank0_owner`` the parameter
+itself is broadcast.
+
 Rank-0 owner (``rank0_owner=True``): with a process group of N ranks whose gradients are identical
 (FSDP NO_SHARD all-reduces them), only rank 0 keeps Adam state and steps; the others receive the
 updated fp32 master and allocate no Adam state. ``check_identical_grads=True`` asserts the premise
@@ -31,7 +38,8 @@ Checkpoints: ``state_dict()`` holds ``step``, ``exp_avg``, ``exp_avg_sq`` per pa
 torch.optim.AdamW does; ``load_state_dict()`` keeps that state on the host (the base class would
 move it to the parameters' device). The fp32 master of an fp32 parameter equals the parameter after
 every step, so it is not saved; it is rebuilt from the (restored) parameter at the next step. The
-master of a non-fp32 parameter is not recoverable from it and is saved as ``state["master"]``.
+master of a non-fp32 parameter is not recoverable from it and is saved as ``state["master"]``. A
+host-resident parameter is its own master: restoring the parameter restores it.
 
 verl: ``actor.optim.optimizer_impl=rlkit.optim actor.optim.optimizer=HostAdamW`` (extra keywords via
 ``override_optimizer_config``); keep ``optimizer_offload=false`` so verl does not ship the host state
@@ -105,7 +113,7 @@ class HostAdamW(torch.optim.Optimizer):
         self.timer = timer
         self.rank0_owner = rank0_owner
         self.last_step_skipped = False
-        self._masters: dict[torch.Tensor, torch.Tensor] = {}  # host fp32 masters of fp32 params
+        self._masters: dict[torch.Tensor, torch.Tensor] = {}  # host fp32 masters of fp32 device params
         self._group, self._comm_group, self._owner = None, None, 0
         self._is_owner = True
         if rank0_owner or check_identical_grads:
@@ -158,13 +166,15 @@ class HostAdamW(torch.optim.Optimizer):
         return loss
 
     def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
-        out = self.staging.view("param", p.numel(), p.dtype).view(p.shape)
+        in_place = _is_own_master(p)
+        # What rank 0 broadcasts: the updated parameter itself, or its packed copy.
+        out = p.data if in_place else self.staging.view("param", p.numel(), p.dtype).view(p.shape)
         if self._is_owner:
             with self._phase("grad_d2h"):
                 grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
                 grad.copy_(p.grad)
             with self._phase("host_step"):
-                master, state = self._master_and_state(p, group)
+                master, state = self._master_and_state(p, group, in_place)
                 beta1, beta2 = group["betas"]
                 _adam_functional(
                     [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
@@ -175,17 +185,23 @@ class HostAdamW(torch.optim.Optimizer):
                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
                 )
             with self._phase("param_pack"):
-                out.copy_(master)
+                if not in_place:
+                    out.copy_(master)
         if self.rank0_owner:
             with self._phase("broadcast"):
                 dist.broadcast(out, src=self._owner, group=self._comm_group)
         with self._phase("param_h2d"):
-            p.copy_(out)
+            if not in_place:
+                p.copy_(out)
 
-    def _master_and_state(self, p: torch.Tensor, group: dict[str, Any]):
+    def _master_and_state(self, p: torch.Tensor, group: dict[str, Any], in_place: bool):
         state = self.state[p]
         fp32_param = p.dtype == torch.float32
-        master = self._masters.get(p) if fp32_param else state.get("master")
+        if in_place:
+            master = p.data
+            self._masters.pop(p, None)  # built while p was on the device (e.g. unparked): stale now
+        else:
+            master = self._masters.get(p) if fp32_param else state.get("master")
         if master is None:
             master = torch.empty(p.shape, dtype=torch.float32, device="cpu")
             master.copy_(p)
@@ -205,7 +221,9 @@ class HostAdamW(torch.optim.Optimizer):
         """Size each staging buffer once, to the largest parameter of this step."""
         if not work:
             return
-        self.staging.reserve("param", max(p.numel() * p.element_size() for _, p in work))
+        packed = [p.numel() * p.element_size() for _, p in work if not _is_own_master(p)]
+        if packed:
+            self.staging.reserve("param", max(packed))
         if self._is_owner:
             self.staging.reserve("grad", max(p.numel() * 4 for _, p in work))
 
@@ -240,7 +258,7 @@ class HostAdamW(torch.optim.Optimizer):
         return sum(1 for s in self.state.values() if "exp_avg" in s)
 
     def master_bytes(self) -> int:
-        """Bytes of host fp32 masters held by this rank."""
+        """Bytes of host fp32 masters this optimizer allocated (a host-resident parameter is its own, not counted)."""
         saved = sum(s["master"].numel() * 4 for s in self.state.values() if "master" in s)
         return saved + sum(m.numel() * 4 for m in self._masters.values())
 
@@ -283,6 +301,11 @@ class HostAdamW(torch.optim.Optimizer):
         ]
         self.state = state
         self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
+
+
+def _is_own_master(p: torch.Tensor) -> bool:
+    """A host fp32 parameter: its storage already is the fp32 master HostAdamW would keep."""
+    return p.device.type == "cpu" and p.dtype == torch.float32
 
 
 _CHECKSUM_CHUNK = 1 << 26  # elements summed at a time: the int64 upcast stays <= 512 MiB
