@@ -21,6 +21,8 @@ METRICS_KEYS: dict[str, set[str]] = {
                             "metrics_with_skip"},
     "05_grpo_qwen3_4b": {"recipe", "reward", "data", "model", "overrides", "command", "preflight", "verify",
                          "launched", "launch_reason", "steps", "summary", "arms"},
+    "06_util_sweep": {"units", "config", "case", "emulation", "planner", "planner_sweep", "launched",
+                      "launch_reason", "measured", "comparison", "emulated_verdict", "cost"},
 }
 
 

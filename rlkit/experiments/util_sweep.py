@@ -1,0 +1,1006 @@
+"""The gpu_memory_utilization sweep source document 003 never ran: planner vs measured (notebook 06).
+
+One call of :func:`run` is one point of the sweep: the GRPO recipe of :mod:`rlkit.grpo` for one case
+and one ``gpu_memory_utilization`` value, launched as ``python -m verl.trainer.main_ppo`` with a
+:class:`rlkit.measure.GpuSampler` (NVML / nvidia-smi, 1 Hz) running beside it. From verl's console
+and vLLM's log it reads the KV pool and concurrency vLLM reported, the size of its weights and CUDA
+graphs, verl's per-step timings and memory metrics, vLLM's throughput statistics and any OOM; it
+cuts the sampled device memory into verl's phases, and puts the derived planner's estimate
+(:func:`rlkit.budget.plan`, same settings, the emulated card) next to every measured number with
+their ratio. The document's cost metric is computed per run at a stated price per GPU-hour.
+
+The sweep is a grid over ``gpu_memory_utilization``, one fresh verl job per value::
+
+    rlkit run nbs/06_util_sweep.ipynb --profile h200 --grid gpu_memory_utilization=[0.4,0.5,0.6,0.7]
+    # on a node without papermill, one folder per point:
+    python -m rlkit.experiments.util_sweep --profile h200 -p case=doc_small -p gpu_memory_utilization=0.4 \
+        --tag doc_small-u0.4
+
+Emulating a smaller card. vLLM 0.24 reserves ``ceil(total x gpu_memory_utilization)`` bytes, where
+``total`` is ``torch.cuda.mem_get_info()``'s total (``request_memory`` in vllm/v1/worker/utils.py),
+139.8 GiB on the H200 (nvidia-smi's 143,771 MiB = 140.4 GiB includes memory CUDA reserves). Utilization
+``u`` on a card of ``E`` GiB is therefore launched as ``u * E / total`` with ``total`` measured on the
+device at run time, which gives vLLM exactly ``u * E`` GiB: weights, profiling peak, CUDA graphs and
+the KV pool are sized as on the small card. What the emulation cannot do is make the rest of the job
+OOM at ``E``: the actor may use more. So an "exceeds the emulated card" verdict is inferred from the
+measured per-phase device peak, never observed as an OOM (a real OOM on the big card is reported
+separately).
+
+Without a CUDA GPU everything before the launch runs for real (inputs, overrides, verl's own config
+validation, the planner); the measured side says "no GPU: not measured". Nothing is invented.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from rlkit import budget
+from rlkit import params as P
+
+NOTEBOOK = "06_util_sweep"
+# vLLM's total on the H200 node as vLLM itself printed it (notes/gpu-node.md: "(123.08/139.8 GiB)");
+# used only to render the command where no GPU can be asked (CPU); a launch measures the real total.
+NOMINAL_H200_TOTAL_GIB = 139.8
+VLLM_STATS_INTERVAL_S = 2.0  # VLLM_LOG_STATS_INTERVAL for the launch (vLLM's default is 10 s)
+RELEASE_WAIT_S = 90.0  # after verl exits, wait this long at most for the device to return to idle
+
+
+# ---------------------------------------------------------------------------------------------------
+# cases and parameters
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """What a case holds fixed across the sweep (every field also goes into metrics.json)."""
+
+    description: str
+    model: str  # rlkit.models preset, launched as a random-init checkpoint (no downloads)
+    emulated_total_gib: float  # the card vLLM's gpu_memory_utilization refers to (CUDA's total)
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int  # prompts per step
+    rollout_n: int  # samples per prompt
+    ppo_mini_batch_size: int
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int  # tokens per micro-batch (dynamic bsz)
+    micro_batch_size_per_gpu: int  # sequences per micro-batch (fixed bsz)
+    param_offload: bool
+    optimizer_offload: bool
+    patches: tuple[str, ...]  # rlkit patches (each must be one the planner models)
+    max_num_batched_tokens: int  # vLLM's chunked-prefill token budget; 0 keeps verl's default (8192)
+    data_rows: int  # synthetic prompts generated
+
+    @property
+    def seq_len(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.train_batch_size * self.rollout_n
+
+
+CASES: dict[str, Case] = {
+    # Seed 003's small case ("target config ... small-model sanity pass"): Qwen2.5-0.5B-Instruct, 256 + 256
+    # tokens, 32 prompts x 8, mini-batch 16, 4 sequences per micro-batch, param + optimizer offload,
+    # chunked prefill with max_num_batched_tokens 4096, on its 80 GiB card (its script's TOTAL = 80.0).
+    # rlkit.models has no Qwen2.5 preset and the GPU node cannot download one, so the launched model is
+    # the nearest random-init Qwen3 preset, qwen3-735m (737.6M parameters, 37 layers x 8 KV heads x 128:
+    # 12x the KV bytes per token of Qwen2.5-0.5B's 24 x 2 x 64). The planner is run for the same
+    # qwen3-735m, so planner and measurement always describe the same model. Full fine-tune, as the
+    # document's command line (no LoRA keys); its log-prob micro-batch 16 becomes 4 here (one key in the
+    # recipe sets both).
+    "doc_small": Case(
+        description="seed 003's small case (qwen3-735m random init for Qwen2.5-0.5B) on an emulated 80 GiB card",
+        model="qwen3-735m", emulated_total_gib=80.0, max_prompt_length=256, max_response_length=256,
+        train_batch_size=32, rollout_n=8, ppo_mini_batch_size=16, use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=2048, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=True,
+        patches=(), max_num_batched_tokens=4096, data_rows=2048,
+    ),
+    # The rlkit recipe of notebook 05 (h200 profile: 256 + 512 tokens, 32 x 8, one on-policy mini-batch,
+    # dynamic bsz 24576 tokens, param + optimizer offload, the offload_views patch) on an emulated RTX A6000:
+    # 47.4 GiB is the A6000's total as CUDA reports it (its "48 GB"; the planner's default).
+    "qwen3_4b_48g": Case(
+        description="the rlkit Qwen3-4B recipe (notebook 05) on an emulated 48 GB card (47.4 GiB CUDA total)",
+        model="qwen3-4b", emulated_total_gib=47.4, max_prompt_length=256, max_response_length=512,
+        train_batch_size=32, rollout_n=8, ppo_mini_batch_size=32, use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=24576, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=True,
+        patches=("offload_views",), max_num_batched_tokens=0, data_rows=2048,
+    ),
+    # CPU profile: the tiny random Qwen3; everything up to the launch runs, the launch needs a GPU.
+    "tiny": Case(
+        description="tiny random Qwen3 (CPU smoke: planner side and verl config validation only)",
+        model="tiny", emulated_total_gib=47.4, max_prompt_length=512, max_response_length=64,
+        train_batch_size=4, rollout_n=2, ppo_mini_batch_size=4, use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=4096, micro_batch_size_per_gpu=2, param_offload=True, optimizer_offload=True,
+        patches=(), max_num_batched_tokens=0, data_rows=64,
+    ),
+}
+
+# rlkit patch -> the planner option that models it (None: no effect on one GPU's memory).
+PATCH_PLANNER_OPTION = {"offload_views": "offload_views", "skip_old_logprob": "skip_old_logprob", "no_shard": None}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Parameters of notebook 06_util_sweep (one point of the sweep per run)."""
+
+    case: Literal["doc_small", "qwen3_4b_48g", "tiny"]  # see CASES
+    gpu_memory_utilization: float  # vLLM's fraction of the EMULATED card's memory (the document's knob)
+    sweep_utils: tuple[float, ...]  # the planner is evaluated at each of these
+    steps: int  # GRPO steps per run; step 1 carries one-off start-up, steps 2.. are averaged
+    enforce_eager: bool  # true: vLLM without CUDA graphs
+    price_per_gpu_hour: float  # USD, for the document's cost metric
+    sample_interval_s: float  # GPU memory sampling period
+    launch: Literal["auto", "always", "never"]  # auto: launch verl when a CUDA GPU is visible
+    timeout_s: int  # wall-clock limit of one verl job
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str, fix: str) -> None:
+            raise P.ParamError(f"Config.{key}: {why}. Fix: {fix}")
+
+        if self.case not in CASES:
+            bad("case", f"{self.case!r} is not a case", f"choose one of {sorted(CASES)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            bad("gpu_memory_utilization", f"{self.gpu_memory_utilization} is outside (0, 1]", "e.g. 0.6")
+        if not self.sweep_utils:
+            bad("sweep_utils", "empty", "list the utilization values, e.g. [0.4, 0.5, 0.6, 0.7]")
+        for u in self.sweep_utils:
+            if not 0.0 < u <= 1.0:
+                bad("sweep_utils", f"{u} is outside (0, 1]", "use fractions such as 0.4")
+        if self.steps < 1:
+            bad("steps", f"{self.steps} is not positive", "use 2 or more (step 1 includes start-up)")
+        if self.price_per_gpu_hour < 0:
+            bad("price_per_gpu_hour", f"{self.price_per_gpu_hour} is negative", "a price in USD, e.g. 2.5")
+        if not self.sample_interval_s > 0:
+            bad("sample_interval_s", f"{self.sample_interval_s} is not positive", "use 1.0 (1 Hz)")
+        if self.timeout_s < 1:
+            bad("timeout_s", f"{self.timeout_s} is not positive", "seconds, e.g. 560")
+        unmodelled = [p for p in CASES[self.case].patches if p not in PATCH_PLANNER_OPTION]
+        if unmodelled:
+            bad("case", f"case {self.case!r} applies patches {unmodelled} the planner cannot model here",
+                f"use patches among {sorted(PATCH_PLANNER_OPTION)}")
+
+    @property
+    def case_spec(self) -> Case:
+        return CASES[self.case]
+
+
+# ---------------------------------------------------------------------------------------------------
+# emulation
+# ---------------------------------------------------------------------------------------------------
+
+def emulated_utilization(util: float, emulated_total_gib: float, device_total_gib: float) -> float:
+    """vLLM's gpu_memory_utilization on the real device that reserves ``util`` of the emulated card.
+
+    vLLM reserves ``ceil(device_total * u)`` bytes, so ``u = util * emulated_total / device_total``.
+    ``emulated_total_gib`` 0 means no emulation (``util`` unchanged).
+    """
+    if not 0.0 < util <= 1.0:
+        raise P.ParamError(f"gpu_memory_utilization: {util} is outside (0, 1]. Fix: e.g. 0.6")
+    if emulated_total_gib == 0:
+        return util
+    if emulated_total_gib < 0 or not device_total_gib > 0:
+        raise P.ParamError(f"emulated_total_gib {emulated_total_gib} / device total {device_total_gib} must be "
+                           f"positive. Fix: check the case and the device")
+    mapped = util * emulated_total_gib / device_total_gib
+    if mapped > 1.0:
+        raise P.ParamError(f"gpu_memory_utilization: {util} of an emulated {emulated_total_gib} GiB card is "
+                           f"{util * emulated_total_gib:.2f} GiB, more than this device's {device_total_gib:.2f} GiB. "
+                           f"Fix: a smaller value or a larger device")
+    return round(mapped, 6)  # 1e-6 of 140 GiB is 150 KB: below vLLM's own rounding to whole blocks
+
+
+def device_total_gib() -> tuple[float, str]:
+    """The device's total memory as vLLM sees it (``torch.cuda.mem_get_info``), and where it came from.
+
+    Asked in a short-lived child process so this process never holds a CUDA context during the sweep.
+    Without a CUDA device: the H200's nominal total, labelled as such.
+    """
+    from rlkit.grpo import gpu_count
+
+    if gpu_count() == 0:
+        return NOMINAL_H200_TOTAL_GIB, "nominal H200 total (no CUDA device here to measure)"
+    code = "import torch; print(torch.cuda.mem_get_info(0)[1])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) / budget.GIB, "torch.cuda.mem_get_info() on device 0"
+
+
+def emulation_info(cfg: Config, total_gib: float, total_source: str) -> dict[str, Any]:
+    case = cfg.case_spec
+    vllm_util = emulated_utilization(cfg.gpu_memory_utilization, case.emulated_total_gib, total_gib)
+    return {
+        "emulated_total_gib": case.emulated_total_gib,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "device_total_gib": total_gib,
+        "device_total_source": total_source,
+        "vllm_gpu_memory_utilization": vllm_util,
+        "vllm_requested_gib": vllm_util * total_gib,
+        "rule": "vLLM reserves ceil(device_total x util); util = u x emulated_total / device_total",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# recipe and planner for one point
+# ---------------------------------------------------------------------------------------------------
+
+def extra_overrides(case: Case) -> list[str]:
+    """verl keys the sweep sets beyond the recipe: vLLM's statistics on, max_model_len = prompt + response
+    (so vLLM's "Maximum concurrency" counts whole sequences of this run, as the planner does; verl's
+    default is the model's max_position_embeddings, 40,960 for the Qwen3 presets) and the case's
+    chunked-prefill budget."""
+    arr = "actor_rollout_ref.rollout"
+    out = [f"{arr}.disable_log_stats=False", f"{arr}.max_model_len={case.seq_len}"]
+    if case.max_num_batched_tokens:
+        out.append(f"{arr}.max_num_batched_tokens={case.max_num_batched_tokens}")
+    return out
+
+
+def build_recipe(cfg: Config, vllm_util: float, device_total: float):
+    from rlkit.grpo import GRPORecipe
+
+    case = cfg.case_spec
+    return GRPORecipe(
+        model=case.model, data_rows=case.data_rows, max_prompt_length=case.max_prompt_length,
+        max_response_length=case.max_response_length, train_batch_size=case.train_batch_size,
+        rollout_n=case.rollout_n, ppo_mini_batch_size=case.ppo_mini_batch_size, use_dynamic_bsz=case.use_dynamic_bsz,
+        ppo_max_token_len_per_gpu=case.ppo_max_token_len_per_gpu, micro_batch_size_per_gpu=case.micro_batch_size_per_gpu,
+        n_gpus=1, param_offload=case.param_offload, optimizer_offload=case.optimizer_offload,
+        gpu_memory_utilization=vllm_util, enforce_eager=cfg.enforce_eager, patches=case.patches, steps=cfg.steps,
+        extra_overrides=tuple(extra_overrides(case)),
+        planner_gpu_gib=device_total,  # rlkit preflight checks the config as launched, on this device
+        launch=cfg.launch, timeout_s=cfg.timeout_s,
+    )
+
+
+def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
+    """The planner's inputs for the same settings as the launch, on the emulated card.
+
+    Micro-batch tokens: the dynamic-bsz token budget, or sequences per micro-batch x padded length (the
+    node runs without remove-padding). Logits: the pure-torch path (no flash-attn on the node). CUDA
+    graphs: the planner's default assumption unless enforce_eager.
+    """
+    case = cfg.case_spec
+    micro = case.ppo_max_token_len_per_gpu if case.use_dynamic_bsz else case.micro_batch_size_per_gpu * case.seq_len
+    spec = budget.PlanSpec(
+        model=case.model, gpu_gib=case.emulated_total_gib, n_gpus=1,
+        gpu_memory_utilization=cfg.gpu_memory_utilization if util is None else util,
+        max_prompt_length=case.max_prompt_length, max_response_length=case.max_response_length,
+        train_batch_size=case.train_batch_size, group_size=case.rollout_n, micro_batch_tokens=micro,
+        log_prob_micro_batch_tokens=micro, lora_rank=0, gradient_checkpointing=True,
+        param_offload=case.param_offload, optimizer_offload=case.optimizer_offload,
+        logits_path="torch_fp32",
+    )
+    if cfg.enforce_eager:
+        spec = replace(spec, cudagraph_gib=0.0)
+    options = [PATCH_PLANNER_OPTION[p] for p in case.patches if PATCH_PLANNER_OPTION[p]]
+    return budget.with_options(spec, options)
+
+
+def planner_sweep(cfg: Config) -> list[dict[str, Any]]:
+    """The planner at every value of ``sweep_utils``: KV pool, concurrency, GiB per phase, verdict."""
+    rows = []
+    for u in cfg.sweep_utils:
+        p = budget.plan(planner_spec(cfg, u))
+        rows.append({"gpu_memory_utilization": u, "kv_pool_gib": p.kv_pool_gib,
+                     "max_concurrent_seqs": p.max_concurrent_seqs, "rollout_waves": p.rollout_waves,
+                     **{f"{ph}_gib": v for ph, v in p.device_total_gib.items()},
+                     "peak_phase": p.peak_phase, "peak_gib": p.peak_gib, "verdict": p.verdict})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# log parsers (formats verified against the sources named; fixture: tests/fixtures/util_sweep_logs.txt)
+# ---------------------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+# vLLM 0.24.0, vllm/v1/worker/gpu_model_runner.py load_model ("... GiB memory and %.6f seconds") and
+# vllm/v1/worker/gpu/model_runner.py load_model ("... GiB and %.6f seconds"); format_gib rounds to 0.01.
+_MODEL_LOADING = re.compile(r"Model loading took " + _NUM + r" GiB(?: memory)? and " + _NUM + " seconds")
+# vllm/v1/worker/gpu_worker.py determine_available_memory: "Available KV cache memory: %s GiB".
+_KV_MEMORY = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
+# vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: "GPU KV cache size: %s tokens" (f"{n:,}") and
+# "Maximum concurrency for %s tokens per request: %.2fx" (max_model_len as f"{n:,}").
+_KV_TOKENS = re.compile(r"GPU KV cache size: " + _NUM + " tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + "x")
+# gpu_model_runner.py capture_model / gpu/model_runner.py: "Graph capturing finished in %.0f secs, took %.2f GiB".
+_GRAPHS = re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + " GiB")
+# vllm/v1/metrics/loggers.py LoggingStatLogger.log: "Engine 000: Avg prompt throughput: %.1f tokens/s,
+# Avg generation throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs[, ...], GPU KV cache
+# usage: %.1f%%, Prefix cache hit rate: %.1f%%".
+_STATS = re.compile(r"Avg prompt throughput: " + _NUM + r" tokens/s, Avg generation throughput: " + _NUM
+                    + r" tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs")
+_KV_USAGE = re.compile(r"GPU KV cache usage: " + _NUM + "%")
+# verl 0.9.1 verl/utils/profiler/performance.py log_gpu_memory_usage: "{head}, memory allocated (GB): {a},
+# memory reserved (GB): {r}, device memory used/total (GB): {u}/{t}" (GB there = 2**30 bytes).
+_VERL_MEMORY = re.compile(r"^(?:\([^)]*pid=\d+[^)]*\)\s*)?(.*?), memory allocated \(GB\): " + _NUM
+                          + r", memory reserved \(GB\): " + _NUM + r", device memory used/total \(GB\): "
+                          + _NUM + "/" + _NUM)
+# torch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate <size>. GPU <n> has a
+# total capacity of ..." raised as torch.OutOfMemoryError.
+_TORCH_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([0-9.]+ [KMGT]?i?B)")
+_TORCH_OOM_TYPE = re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError")
+# vLLM 0.24.0 vllm/v1/worker/utils.py request_memory: "Free memory on device <d> (<free>/<total> GiB) on
+# startup is less than desired GPU memory utilization (<u>, <r> GiB)".
+_VLLM_STARTUP = re.compile(r"Free memory on device \S+ \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less "
+                           r"than desired GPU memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)")
+# vllm/v1/core/kv_cache_utils.py _check_enough_kv_cache_memory: "No available memory for the cache blocks."
+_NO_KV = re.compile(r"No available memory for the cache blocks")
+
+
+def _f(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_vllm_log(text: str) -> dict[str, Any]:
+    """What vLLM reported at start-up (one entry per engine, in log order) and its throughput statistics."""
+    text = _ANSI.sub("", text)
+    stats = []
+    for line in text.splitlines():
+        m = _STATS.search(line)
+        if m:
+            usage = _KV_USAGE.search(line)
+            stats.append({"prompt_tok_s": _f(m.group(1)), "generation_tok_s": _f(m.group(2)),
+                          "running_reqs": int(m.group(3)), "waiting_reqs": int(m.group(4)),
+                          "kv_cache_usage_pct": _f(usage.group(1)) if usage else None})
+    return {
+        "model_loading_gib": [_f(m.group(1)) for m in _MODEL_LOADING.finditer(text)],
+        "kv_cache_gib": [_f(m.group(1)) for m in _KV_MEMORY.finditer(text)],
+        "kv_cache_tokens": [int(_f(m.group(1))) for m in _KV_TOKENS.finditer(text)],
+        "max_concurrency": [{"max_model_len": int(_f(m.group(1))), "concurrency": _f(m.group(2))}
+                            for m in _CONCURRENCY.finditer(text)],
+        "cuda_graphs": [{"seconds": _f(m.group(1)), "gib": _f(m.group(2))} for m in _GRAPHS.finditer(text)],
+        "stats": stats,
+    }
+
+
+def parse_verl_memory(text: str) -> list[dict[str, Any]]:
+    """verl's ``log_gpu_memory_usage`` lines: label, allocated / reserved GiB of the process, device used/total."""
+    rows = []
+    for line in _ANSI.sub("", text).splitlines():
+        m = _VERL_MEMORY.search(line.strip())
+        if m:
+            rows.append({"label": m.group(1).strip(), "allocated_gib": _f(m.group(2)), "reserved_gib": _f(m.group(3)),
+                         "device_used_gib": _f(m.group(4)), "device_total_gib": _f(m.group(5))})
+    return rows
+
+
+# Which verl phase a failure belongs to, from names in the traceback (Ray task-error lines name the remote
+# method, e.g. ``ray::WorkerDict.actor_rollout_update_actor()``). Checked in this order.
+_FAILURE_PHASES = (
+    ("update_actor", ("update_actor", "train_batch", "train_mini_batch", "optimizer_step")),
+    ("ref", ("compute_ref_log_prob",)),
+    ("old_log_prob", ("compute_log_prob", "infer_batch")),
+    ("update_weights", ("update_weights", "checkpoint_engine", "wake_up")),
+    ("gen", ("generate", "execute_model", "EngineCore")),
+    ("init", ("init_model", "profile_run", "determine_available_memory", "initialize_kv_cache", "load_model")),
+)
+
+
+def _failure_phase(window: list[str]) -> str:
+    ray_lines = [line for line in window if "ray::" in line or "RayTaskError" in line]
+    for lines in (ray_lines, window):
+        for phase, keys in _FAILURE_PHASES:
+            if any(k in line for line in lines for k in keys):
+                return phase
+    return "unknown"
+
+
+def find_failure(text: str, context: int = 80) -> dict[str, Any] | None:
+    """The first memory failure in a verl/vLLM log: kind, phase, the message line; None when there is none.
+
+    Kinds: ``vllm_startup`` (vLLM refused: not enough free memory for its reservation), ``no_kv_cache``
+    (reservation smaller than weights + profile peak), ``torch_oom`` (a CUDA allocation failed).
+    """
+    lines = _ANSI.sub("", text).splitlines()
+    for i, line in enumerate(lines):
+        m = _VLLM_STARTUP.search(line)
+        if m:
+            return {"kind": "vllm_startup", "phase": "init", "line": line.strip(),
+                    "free_gib": _f(m.group(1)), "total_gib": _f(m.group(2)), "requested_gib": _f(m.group(4))}
+        if _NO_KV.search(line):
+            return {"kind": "no_kv_cache", "phase": "init", "line": line.strip()}
+        m = _TORCH_OOM.search(line)
+        if m or _TORCH_OOM_TYPE.search(line):
+            window = lines[max(0, i - context): i + context]
+            return {"kind": "torch_oom", "phase": _failure_phase(window), "line": line.strip(),
+                    "tried_to_allocate": m.group(1) if m else None}
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# phases: verl's step timings placed on the sampler's clock
+# ---------------------------------------------------------------------------------------------------
+
+def phase_intervals(steps: list[dict[str, Any]], logged_at: dict[int, float]) -> list[dict[str, Any]]:
+    """Where each phase of each trained step lay on the sampler's clock.
+
+    verl prints a step's metrics when the step has ended; ``logged_at[step]`` is when that line reached us.
+    The step is placed to end there and to last ``timing_s/step``. In the sync V1 trainer
+    (verl/trainer/ppo/v1/trainer_base.py ``_step_once`` and trainer_sync.py ``on_step_end``) the phases run
+    gen, reward, old_log_prob, ref, adv, update_actor from the step's start, and update_weights last, so
+    the first group is laid forward from the start and update_weights backward from the end. Accuracy:
+    Ray's log forwarding delay plus the small untimed parts of a step (batch balancing, metrics).
+    """
+    from rlkit.grpo import PHASES
+
+    out = []
+    forward = [p for p in PHASES if p != "update_weights"]
+    for s in steps:
+        n, total = s.get("step"), s.get("timing_s/step")
+        if n not in logged_at or not isinstance(total, (int, float)):
+            continue
+        end = logged_at[n]
+        start = end - float(total)
+        cursor = start
+        for phase in forward:
+            seconds = s.get(f"timing_s/{phase}")
+            if isinstance(seconds, (int, float)):
+                out.append({"step": n, "phase": phase, "start": cursor, "end": cursor + float(seconds)})
+                cursor += float(seconds)
+        seconds = s.get("timing_s/update_weights")
+        if isinstance(seconds, (int, float)):
+            out.append({"step": n, "phase": "update_weights", "start": end - float(seconds), "end": end})
+        out.append({"step": n, "phase": "step", "start": start, "end": end})
+    return out
+
+
+def label_samples(samples: list[tuple[float, list[float]]], intervals: list[dict[str, Any]],
+                  launch_t: float) -> list[dict[str, Any]]:
+    """Timeline rows: t, used GiB (the most loaded GPU), phase and step.
+
+    Phase ``idle`` before the launch, ``init`` from the launch to the first step, the verl phase inside a
+    step (``other`` in its untimed gaps), ``shutdown`` after the last step.
+    """
+    steps = [iv for iv in intervals if iv["phase"] == "step"]
+    inner = [iv for iv in intervals if iv["phase"] != "step"]
+    first = min((iv["start"] for iv in steps), default=math.inf)
+    last = max((iv["end"] for iv in steps), default=math.inf)
+    rows = []
+    for t, used in samples:
+        phase, step = "other", None
+        if t < launch_t:
+            phase = "idle"
+        elif t < first:
+            phase = "init"
+        elif t > last:
+            phase = "shutdown"
+        else:
+            for iv in steps:
+                if iv["start"] <= t <= iv["end"]:
+                    step = iv["step"]
+            for iv in inner:
+                if iv["start"] <= t <= iv["end"]:
+                    phase, step = iv["phase"], iv["step"]
+                    break
+        rows.append({"t": round(t, 3), "used_gib": max(used) if used else None, "phase": phase, "step": step})
+    return rows
+
+
+def phase_peaks(timeline: list[dict[str, Any]], baseline_gib: float) -> dict[str, dict[str, Any]]:
+    """Per phase: peak device GiB (all processes), the same minus the idle baseline, sample count, and the
+    peak per step. A phase shorter than the sampling period may have no sample (then it is absent)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in timeline:
+        if row["used_gib"] is None:
+            continue
+        entry = out.setdefault(row["phase"], {"peak_used_gib": -math.inf, "samples": 0, "by_step": {}})
+        entry["samples"] += 1
+        entry["peak_used_gib"] = max(entry["peak_used_gib"], row["used_gib"])
+        if row["step"] is not None:
+            key = str(row["step"])
+            entry["by_step"][key] = max(entry["by_step"].get(key, -math.inf), row["used_gib"])
+    for entry in out.values():
+        entry["peak_job_gib"] = entry["peak_used_gib"] - baseline_gib
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the measured side of one run
+# ---------------------------------------------------------------------------------------------------
+
+def measure_from_logs(log_text: str, samples: list[tuple[float, list[float]]], marks: list[tuple[float, str]],
+                      case: Case, wall_s: float, returncode: Any) -> dict[str, Any]:
+    """Everything measured about one verl job, from its log and the sampler's samples and marks.
+
+    ``marks``: ``(t, "launch")`` when verl started and ``(t, "logged:step<N>")`` when step N's metrics line
+    arrived (the sampler's clock).
+    """
+    from rlkit.grpo import parse_console_metrics, summarize, training_steps
+
+    steps = parse_console_metrics(log_text)
+    trained = training_steps(steps)
+    launch_t = next((t for t, name in marks if name == "launch"), 0.0)
+    logged_at = {int(name.split("step", 1)[1]): t for t, name in marks if name.startswith("logged:step")}
+    intervals = phase_intervals(trained, logged_at)
+    timeline = label_samples(samples, intervals, launch_t)
+    idle = [r["used_gib"] for r in timeline if r["phase"] == "idle" and r["used_gib"] is not None]
+    baseline = min(idle) if idle else 0.0
+    summary = summarize(steps)
+    vllm = parse_vllm_log(log_text)
+    verl_mem_keys = ("actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb")
+    verl_memory = {k.rsplit("/", 1)[-1]: max((s[k] for s in trained if isinstance(s.get(k), (int, float))), default=None)
+                   for k in verl_mem_keys}
+    gen_s = summary.get("gen_s")
+    gen_tok = [s["generation_tok_s"] for s in vllm["stats"] if s["generation_tok_s"] > 0]
+    failure = find_failure(log_text)
+    return {
+        "returncode": returncode,
+        "wall_s": wall_s,
+        "steps_logged": len(trained),
+        "steps": steps,
+        "summary": summary,
+        "step_s": summary.get("step_s"),
+        "rollout_samples_per_s": case.samples_per_step / gen_s if gen_s else None,
+        "vllm": vllm,
+        "vllm_generation_tok_s_peak": max(gen_tok) if gen_tok else None,
+        "verl_memory": verl_memory,
+        "verl_memory_log": parse_verl_memory(log_text),
+        "failure": failure,
+        "update_oom": bool(failure and failure["kind"] == "torch_oom" and failure["phase"] == "update_actor"),
+        "baseline_used_gib": baseline,
+        "phase_intervals": intervals,
+        "phase_peaks": phase_peaks(timeline, baseline),
+        "timeline": timeline,
+    }
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) -> dict[str, Any]:
+    """Run verl with the GPU sampler beside it; returns :func:`measure_from_logs` plus launch facts.
+
+    A memory failure (OOM, vLLM refusing to start) is a result and is returned; any other failure raises.
+    """
+    from rlkit.grpo import check_plugin_records, command, launch_env
+    from rlkit.measure import GpuSampler
+
+    record_dir = out_dir / "plugin_records"
+    record_dir.mkdir(parents=True, exist_ok=True)
+    for old in record_dir.glob("*.json"):
+        old.unlink()
+    log_path = out_dir / "verl.log"
+    env = launch_env(recipe, record_dir)
+    env["VLLM_LOG_STATS_INTERVAL"] = str(VLLM_STATS_INTERVAL_S)
+    step_line = re.compile(r"(?:^|[\s)])step:(\d+) - .*timing_s/step:")
+    sampler = GpuSampler(interval_s=cfg.sample_interval_s).start()
+    time.sleep(3 * cfg.sample_interval_s)  # idle samples: the baseline the job's memory is measured from
+    sampler.mark("launch")
+    start = time.time()
+    proc = subprocess.Popen(command(overrides), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", env=env, cwd=out_dir, start_new_session=True)
+    timed_out = threading.Event()
+
+    def on_timeout() -> None:
+        timed_out.set()
+        _kill_group(proc)
+
+    timer = threading.Timer(cfg.timeout_s, on_timeout)
+    timer.start()
+    try:
+        with open(log_path, "w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                m = step_line.search(_ANSI.sub("", line))
+                if m:
+                    sampler.mark(f"logged:step{m.group(1)}")
+        returncode = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            _kill_group(proc)
+    wall = time.time() - start
+    sampler.mark("exited")
+    released = _wait_for_release(sampler, RELEASE_WAIT_S)
+    sampler.stop()
+    text = log_path.read_text(errors="replace")
+    measured = measure_from_logs(text, sampler.samples, sampler.marks, cfg.case_spec, wall,
+                                 "timeout" if timed_out.is_set() else returncode)
+    measured.update(log_path=str(log_path), sampler={"source": sampler.source, "interval_s": sampler.interval_s,
+                    "samples": len(sampler.samples)}, device_released_after_s=released)
+    if measured["failure"] is None and (timed_out.is_set() or returncode != 0 or measured["steps_logged"] < cfg.steps):
+        tail = "\n".join(text.splitlines()[-40:])
+        raise RuntimeError(f"verl exited with {measured['returncode']} after {wall:.0f} s having logged "
+                           f"{measured['steps_logged']}/{cfg.steps} steps and no memory failure; log {log_path}; "
+                           f"last lines:\n{tail}")
+    if measured["failure"] is None:
+        measured["plugin_records"] = check_plugin_records(record_dir, recipe.patches, require_worker=True)
+    return measured
+
+
+def _wait_for_release(sampler, limit_s: float) -> float | None:
+    """Seconds until the device is back within 1 GiB of its idle baseline (None: not within ``limit_s``).
+
+    The next point of the sweep must start on an idle device: vLLM's memory profiling fails when another
+    process frees memory meanwhile (notes/gpu-node.md).
+    """
+    idle = [max(u) for t, u in sampler.samples if u and t < sampler.marks[0][0]]
+    baseline = min(idle) if idle else 0.0
+    start = time.time()
+    while time.time() - start < limit_s:
+        if sampler.samples and max(sampler.samples[-1][1] or [0.0]) <= baseline + 1.0:
+            return time.time() - start
+        time.sleep(sampler.interval_s)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# planner vs measured, cost
+# ---------------------------------------------------------------------------------------------------
+
+# verl phase (sampled) -> planner phases it covers.
+PHASE_MAP = {"gen": ("rollout",), "old_log_prob": ("log_prob",), "update_actor": ("update_fwd_bwd", "optimizer_step"),
+             "update_weights": ("weight_sync",)}
+_VLLM_PARTS = ("vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch")
+TOLERANCE = 0.10  # the issue's bar: planner within 10% of the measurement
+
+
+def _first(values: list) -> Any:
+    return values[0] if values else None
+
+
+def comparison_rows(plan: dict[str, Any], measured: dict[str, Any] | None, case: Case) -> list[dict[str, Any]]:
+    """Planner | measured | ratio (measured / planner) for every quantity both sides have.
+
+    ``measured`` None (no GPU): the rows carry the planner's numbers and ``measured`` None.
+    """
+    m = measured or {}
+    vllm = m.get("vllm") or {}
+    peaks = m.get("phase_peaks") or {}
+    concurrency = _first(vllm.get("max_concurrency", []))
+    graphs = _first(vllm.get("cuda_graphs", []))
+    rollout = plan["device_gib"]["rollout"]
+    actor_peak = max(sum(v for c, v in comps.items() if c not in _VLLM_PARTS) for comps in plan["device_gib"].values())
+    rows = [
+        ("vllm_weights_gib", rollout.get("vllm_weights_bf16", 0.0), _first(vllm.get("model_loading_gib", [])),
+         "vLLM 'Model loading took'"),
+        ("cuda_graphs_gib", rollout.get("cuda_graphs", 0.0), graphs["gib"] if graphs else None,
+         "vLLM 'Graph capturing finished ... took'"),
+        ("kv_pool_gib", plan["kv_pool_gib"], _first(vllm.get("kv_cache_gib", [])), "vLLM 'Available KV cache memory'"),
+        ("max_concurrent_seqs", plan["max_concurrent_seqs"],
+         concurrency["concurrency"] if concurrency and concurrency["max_model_len"] == case.seq_len else None,
+         f"vLLM 'Maximum concurrency for {case.seq_len:,} tokens per request'"),
+        ("actor_peak_allocated_gib", actor_peak, (m.get("verl_memory") or {}).get("max_memory_allocated_gb"),
+         "verl actor/perf/max_memory_allocated_gb (process peak since start)"),
+    ]
+    for verl_phase, planner_phases in PHASE_MAP.items():
+        estimate = max((plan["device_total_gib"].get(p, 0.0) for p in planner_phases), default=0.0)
+        measured_peak = peaks.get(verl_phase, {}).get("peak_job_gib")
+        rows.append((f"peak_{verl_phase}_gib", estimate, measured_peak,
+                     f"device used during {verl_phase} minus idle baseline ({'+'.join(planner_phases)})"))
+    out = []
+    for quantity, estimate, value, source in rows:
+        ratio = value / estimate if value is not None and estimate else None
+        out.append({"quantity": quantity, "planner": estimate, "measured": value, "ratio": ratio,
+                    "off_by_more_than_10pct": None if ratio is None else abs(ratio - 1.0) > TOLERANCE,
+                    "measured_source": source})
+    return out
+
+
+def emulated_verdict(measured: dict[str, Any] | None, emulated_total_gib: float) -> dict[str, Any] | None:
+    """Whether the measured per-phase device peak exceeds the emulated card (inferred, not an observed OOM)."""
+    if not measured or not measured.get("phase_peaks"):
+        return None
+    over = {ph: e["peak_job_gib"] for ph, e in measured["phase_peaks"].items()
+            if ph in PHASE_MAP and e["peak_job_gib"] > emulated_total_gib}
+    return {"emulated_total_gib": emulated_total_gib, "phases_over": over,
+            "verdict": "exceeds the emulated card in " + ", ".join(over) if over else "fits the emulated card"}
+
+
+def cost_summary(measured: dict[str, Any] | None, case: Case, price_per_gpu_hour: float,
+                 n_gpus: int = 1) -> dict[str, Any] | None:
+    """The document's metric, cost per million rollout samples = n_gpus x price x hours / samples_millions:
+    at steady state (one step's time for one step's samples) and for the whole job (launch to exit,
+    start-up included, for every logged step's samples)."""
+    if not measured or not measured.get("step_s"):
+        return None
+    samples = case.samples_per_step
+    steady = budget.cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["step_s"] / 3600, samples)
+    whole = budget.cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["wall_s"] / 3600,
+                                            samples * measured["steps_logged"])
+    return {"price_per_gpu_hour": price_per_gpu_hour, "n_gpus": n_gpus, "samples_per_step": samples,
+            "steady_state_usd_per_million_samples": steady, "whole_job_usd_per_million_samples": whole,
+            "formula": "n_gpus x price_per_gpu_hour x wallclock_hours / samples_millions"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# one run
+# ---------------------------------------------------------------------------------------------------
+
+def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, Any] | None,
+                  launch_reason: str) -> dict[str, Any]:
+    """The planner and measured side of one point: planner at this and every sweep value, the measurement
+    (None without a GPU), planner-vs-measured rows, the emulated-card verdict and the cost metric."""
+    case = cfg.case_spec
+    plan = budget.plan(planner_spec(cfg)).as_dict()
+    return {
+        "units": "GiB",
+        "config": P.as_dict(cfg),
+        "case": {"name": cfg.case, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(case).items()}},
+        "emulation": emulation,
+        "planner": plan,
+        "planner_sweep": planner_sweep(cfg),
+        "launched": measured is not None,
+        "launch_reason": launch_reason,
+        "measured": measured,
+        "comparison": comparison_rows(plan, measured, case),
+        "emulated_verdict": emulated_verdict(measured, case.emulated_total_gib),
+        "cost": cost_summary(measured, case, cfg.price_per_gpu_hour),
+    }
+
+
+_PREPARE_CHILD = """
+import json, sys
+from rlkit import grpo, params
+recipe = params.build(grpo.GRPORecipe, json.loads(sys.argv[1]))
+paths, data_info, model_info = grpo.prepare_inputs(recipe)
+print(json.dumps([paths.model, paths.train_file, data_info, model_info], default=str))
+"""
+
+
+def prepare_inputs_isolated(recipe):
+    """:func:`rlkit.grpo.prepare_inputs` in a child process: building a random-init model uses the GPU when
+    there is one, and this process (the sampler's, for the whole job) must hold no CUDA memory."""
+    from rlkit.grpo import Paths
+
+    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(P.as_dict(recipe))], check=False,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the inputs failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    model, train_file, data_info, model_info = json.loads(done.stdout.strip().splitlines()[-1])
+    return Paths(model=model, train_file=train_file), data_info, model_info
+
+
+def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """One point of the sweep; returns ``metrics.json`` content (keys: :data:`METRICS_KEYS`)."""
+    from rlkit import grpo
+    from rlkit.results import notebook_out_dir
+
+    out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
+    out.mkdir(parents=True, exist_ok=True)
+    total, total_source = device_total_gib()
+    emulation = emulation_info(cfg, total, total_source)
+    recipe = build_recipe(cfg, emulation["vllm_gpu_memory_utilization"], total)
+    have = grpo.gpu_count()
+    paths, data_info, model_info = prepare_inputs_isolated(recipe) if have else grpo.prepare_inputs(recipe)
+    overrides = grpo.render_overrides(recipe, paths, out)
+    preflight = grpo.preflight_findings(recipe, overrides)
+    verify = grpo.verify_subprocess(recipe, overrides, out)
+    launched = cfg.launch == "always" or (cfg.launch == "auto" and have >= 1)
+    reason = (f"launched on {have} CUDA GPU(s)" if launched else
+              f"no GPU: not measured ({have} CUDA GPUs visible, launch={cfg.launch}). Run "
+              f"`python -m rlkit.experiments.util_sweep --profile h200` on a GPU node, then render its results "
+              f"folder with results_dir")
+    print(reason)
+    measured = launch_measured(recipe, overrides, out, cfg) if launched else None
+    return {
+        **point_metrics(cfg, emulation, measured, reason),
+        "recipe": P.as_dict(recipe),
+        "data": data_info,
+        "model": model_info,
+        "overrides": overrides,
+        "command": grpo.shell_command(recipe, overrides),
+        "preflight": preflight,
+        "verify": verify,
+    }
+
+
+METRICS_KEYS = ("units", "config", "case", "emulation", "recipe", "data", "model", "overrides", "command",
+                "preflight", "verify", "planner", "planner_sweep", "launched", "launch_reason", "measured",
+                "comparison", "emulated_verdict", "cost")
+
+
+# ---------------------------------------------------------------------------------------------------
+# rendering a sweep (notebook side)
+# ---------------------------------------------------------------------------------------------------
+
+def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
+    """Saved results: one run's folder (its ``metrics.json``) or a folder of run folders (the notebook's
+    scratch folder ``interactive`` is skipped).
+
+    Returns ``{"units", "runs": [metrics, ...]}`` sorted by case then utilization; a run folder gets its
+    folder name as ``tag``.
+    """
+    from rlkit.env import REPO_ROOT
+    from rlkit.results import read_metrics
+
+    path = Path(results_dir)
+    path = path if path.is_absolute() else REPO_ROOT / path
+    folders = [path] if (path / "metrics.json").exists() else (
+        sorted(p for p in path.iterdir() if (p / "metrics.json").exists() and p.name != "interactive")
+        if path.is_dir() else [])
+    if not folders:
+        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
+    runs = []
+    for folder in folders:
+        metrics = read_metrics(folder)
+        if "runs" in metrics:  # a notebook's rendering of saved runs: as such when named, else its runs are elsewhere
+            if folder == path:
+                return metrics
+        elif "emulation" in metrics:
+            runs.append({**metrics, "tag": folder.name})
+    runs.sort(key=lambda m: (m["case"]["name"], m["config"]["gpu_memory_utilization"]))
+    return {"units": "GiB", "runs": runs}
+
+
+def runs_of(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs in ``metrics``: a rendering of saved results, or one fresh run."""
+    return metrics.get("runs", [metrics])
+
+
+def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run: the issue's columns (KV pool, concurrency, peaks, samples/s, step time, OOM, cost)."""
+    rows = []
+    for r in runs:
+        m = r.get("measured") or {}
+        vllm = m.get("vllm") or {}
+        peaks = m.get("phase_peaks") or {}
+        conc = _first(vllm.get("max_concurrency", []))
+        failure = m.get("failure") or {}
+        cost = r.get("cost") or {}
+        rows.append({
+            "case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"],
+            "vllm_util": r["emulation"]["vllm_gpu_memory_utilization"], "measured": bool(m),
+            "kv_pool_gib": _first(vllm.get("kv_cache_gib", [])), "kv_tokens": _first(vllm.get("kv_cache_tokens", [])),
+            "max_concurrency": conc["concurrency"] if conc else None,
+            **{f"peak_{ph}_gib": peaks.get(ph, {}).get("peak_job_gib") for ph in PHASE_MAP},
+            "rollout_samples_per_s": m.get("rollout_samples_per_s"), "step_s": m.get("step_s"),
+            "failure": f"{failure['kind']} in {failure['phase']}" if failure else None,
+            "update_oom": m.get("update_oom"),
+            "emulated": (r.get("emulated_verdict") or {}).get("verdict"),
+            "usd_per_M_samples": cost.get("steady_state_usd_per_million_samples"),
+            "planner_kv_pool_gib": r["planner"]["kv_pool_gib"], "planner_verdict": r["planner"]["verdict"],
+        })
+    return rows
+
+
+def comparison_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every run's planner-vs-measured rows, labelled by case and utilization."""
+    return [{"case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"], **row}
+            for r in runs for row in r["comparison"]]
+
+
+def first_update_oom(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per case: the smallest utilization whose update phase OOMed (observed) and whose update peak
+    exceeded the emulated card (inferred); None where no run did."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(runs, key=lambda r: r["config"]["gpu_memory_utilization"]):
+        entry = out.setdefault(r["case"]["name"], {"observed": None, "inferred": None, "measured_runs": 0})
+        m = r.get("measured")
+        if not m:
+            continue
+        entry["measured_runs"] += 1
+        util = r["config"]["gpu_memory_utilization"]
+        if m.get("update_oom") and entry["observed"] is None:
+            entry["observed"] = util
+        over = (r.get("emulated_verdict") or {}).get("phases_over", {})
+        if "update_actor" in over and entry["inferred"] is None:
+            entry["inferred"] = util
+    return out
+
+
+def describe(runs: list[dict[str, Any]]) -> str:
+    """Findings in words; every number comes from ``runs``."""
+    lines = []
+    for r in runs:
+        e, p = r["emulation"], r["planner"]
+        lines.append(
+            f"{r['case']['name']} at util {e['gpu_memory_utilization']} of {e['emulated_total_gib']} GiB "
+            f"(vLLM launched at {e['vllm_gpu_memory_utilization']} of {e['device_total_gib']:.1f} GiB, "
+            f"{e['device_total_source']}): planner KV pool {p['kv_pool_gib']:.2f} GiB, {p['max_concurrent_seqs']} "
+            f"concurrent sequences, peak {p['peak_phase']} {p['peak_gib']:.2f} GiB -> {p['verdict']}.")
+        m = r.get("measured")
+        if not m:
+            lines.append(f"  measured: {r['launch_reason']}")
+            continue
+        off = [c for c in r["comparison"] if c["off_by_more_than_10pct"]]
+        off_text = ", ".join(f"{c['quantity']} x{c['ratio']:.2f}" for c in off) or "none"
+        lines.append(
+            f"  measured: step {m['step_s'] or float('nan'):.1f} s, {m['rollout_samples_per_s'] or float('nan'):.1f} "
+            f"rollout samples/s, failure: {m['failure']['kind'] + ' in ' + m['failure']['phase'] if m['failure'] else 'none'}; "
+            f"{len(off)} of {sum(c['ratio'] is not None for c in r['comparison'])} compared quantities off by >10% "
+            f"({off_text}).")
+        if r.get("cost"):
+            lines.append(f"  cost: ${r['cost']['steady_state_usd_per_million_samples']:,.2f} per million rollout "
+                         f"samples at ${r['cost']['price_per_gpu_hour']}/GPU-hour (steady state).")
+    for case, first in first_update_oom(runs).items():
+        if first["measured_runs"]:
+            lines.append(f"{case}: first utilization with an update-phase OOM: observed {first['observed']}, "
+                         f"inferred on the emulated card {first['inferred']} ({first['measured_runs']} measured runs).")
+    return "\n".join(lines)
+
+
+def timeline_figure(run_metrics: dict[str, Any]):
+    """Plotly: device GiB over time for one run, one colour per verl phase (plotly imported here only)."""
+    import plotly.graph_objects as go
+
+    m = run_metrics.get("measured") or {}
+    fig = go.Figure()
+    timeline = m.get("timeline") or []
+    for phase in dict.fromkeys(row["phase"] for row in timeline):
+        pts = [row for row in timeline if row["phase"] == phase]
+        fig.add_scatter(x=[p["t"] for p in pts], y=[p["used_gib"] for p in pts], mode="markers", name=phase)
+    fig.add_scatter(x=[row["t"] for row in timeline], y=[row["used_gib"] for row in timeline], mode="lines",
+                    line={"color": "lightgrey"}, showlegend=False)
+    card = run_metrics["emulation"]["emulated_total_gib"] + (m.get("baseline_used_gib") or 0.0)
+    fig.add_hline(y=card, line_dash="dash", annotation_text=f"emulated card ({run_metrics['emulation']['emulated_total_gib']} GiB)")
+    fig.update_layout(title=f"{run_metrics['case']['name']} util {run_metrics['config']['gpu_memory_utilization']}: "
+                      f"device memory at {1 / (m.get('sampler') or {}).get('interval_s', 1.0):.0f} Hz",
+                      xaxis_title="seconds since the sampler started", yaxis_title="GiB used (device)", height=380)
+    return fig
+
+
+def throughput_figure(runs: list[dict[str, Any]]):
+    """Plotly: rollout samples/s vs utilization per case (measured runs only), planner KV pool alongside."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    rows = sweep_rows(runs)
+    for case in dict.fromkeys(r["case"] for r in rows):
+        pts = [r for r in rows if r["case"] == case]
+        done = [r for r in pts if r["rollout_samples_per_s"] is not None]
+        if done:
+            fig.add_scatter(x=[r["util"] for r in done], y=[r["rollout_samples_per_s"] for r in done],
+                            mode="lines+markers", name=f"{case}: rollout samples/s (measured)")
+        fig.add_scatter(x=[r["util"] for r in pts], y=[r["planner_kv_pool_gib"] for r in pts], mode="lines+markers",
+                        line={"dash": "dot"}, name=f"{case}: KV pool GiB (planner)", secondary_y=True)
+    fig.update_layout(title="throughput and KV pool vs gpu_memory_utilization", xaxis_title="gpu_memory_utilization "
+                      "(emulated card)", height=400)
+    fig.update_yaxes(title_text="rollout samples/s", secondary_y=False)
+    fig.update_yaxes(title_text="KV pool GiB", secondary_y=True)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------
+# command line: like rlkit.experiments.experiment_main, but verl's logs land in the results folder
+# ---------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from rlkit.results import ResultsFolder, load_profile, parse_overrides
+
+    parser = argparse.ArgumentParser(prog="python -m rlkit.experiments.util_sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="tiny", help=f"parameter file nbs/params/{NOTEBOOK}.<profile>.yaml")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--tag", default=None, help="results folder name (default: <case>-u<util>)")
+    parser.add_argument("--out", default=None, help="results root (default: outputs/)")
+    ns = parser.parse_args(argv)
+    values = load_profile(NOTEBOOK, ns.profile)
+    values.update(parse_overrides(ns.param))
+    values.pop("results_dir", None)
+    try:
+        cfg = P.build(Config, values, where=f"parameters of {NOTEBOOK}")
+    except P.ParamError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    folder = ResultsFolder.create(NOTEBOOK, ns.tag or f"{cfg.case}-u{cfg.gpu_memory_utilization}", root=ns.out)
+    with folder.writing() as work_dir:
+        folder.write_params(P.as_dict(cfg))
+        folder.write_env()
+        folder.write_metrics(run(cfg, out_dir=work_dir))
+    print(f"results: {folder.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

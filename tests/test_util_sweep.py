@@ -1,0 +1,354 @@
+"""rlkit.experiments.util_sweep: parameters, the emulation rule, log parsers, phase alignment, and the
+planner-vs-measured table on saved results (all CPU)."""
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from rlkit import budget
+from rlkit import params as P
+from rlkit.experiments import util_sweep as U
+from rlkit.measure import write_json_atomic
+from rlkit.results import NBS_DIR, load_profile
+
+FIXTURE = Path(__file__).parent / "fixtures" / "util_sweep_logs.txt"
+
+
+def sections() -> dict[str, str]:
+    """The fixture's ``=== name ===`` sections (comment lines dropped)."""
+    out, name = {}, None
+    for line in FIXTURE.read_text().splitlines():
+        if line.startswith("=== ") and line.endswith(" ==="):
+            name = line[4:-4]
+            out[name] = []
+        elif name and not line.startswith("#"):
+            out[name].append(line)
+    return {k: "\n".join(v) + "\n" for k, v in out.items()}
+
+
+def config(**changes) -> U.Config:
+    values = load_profile(U.NOTEBOOK, "tiny")
+    values.pop("results_dir", None)
+    values.update(changes)
+    return P.build(U.Config, values)
+
+
+# ------------------------------------------------------------------------------------------- parameters
+
+@pytest.mark.parametrize("changes, key", [
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"sweep_utils": []}, "sweep_utils"),
+    ({"sweep_utils": [0.4, 1.2]}, "sweep_utils"),
+    ({"steps": 0}, "steps"),
+    ({"price_per_gpu_hour": -1.0}, "price_per_gpu_hour"),
+    ({"sample_interval_s": 0.0}, "sample_interval_s"),
+    ({"case": "qwen2.5-7b"}, "case"),
+    ({"launch": "sometimes"}, "launch"),
+])
+def test_bad_parameter_names_the_key(changes, key):
+    with pytest.raises(P.ParamError, match=key):
+        config(**changes)
+
+
+def test_unknown_and_missing_keys_are_named():
+    with pytest.raises(P.ParamError, match="gpu_memory_utilisation"):
+        config(gpu_memory_utilisation=0.5)
+    values = load_profile(U.NOTEBOOK, "tiny")
+    values.pop("results_dir", None)
+    values.pop("steps")
+    with pytest.raises(P.ParamError, match="steps"):
+        P.build(U.Config, values)
+
+
+def test_both_profiles_validate():
+    for profile in ("tiny", "h200"):
+        values = load_profile(U.NOTEBOOK, profile)
+        values.pop("results_dir", None)
+        assert P.build(U.Config, values).case in U.CASES
+
+
+def test_every_case_patch_is_modelled_by_the_planner():
+    for case in U.CASES.values():
+        assert set(case.patches) <= set(U.PATCH_PLANNER_OPTION)
+
+
+# ------------------------------------------------------------------------------------------- emulation
+
+def test_emulated_utilization_gives_vllm_the_emulated_cards_share():
+    device_total = 139.8
+    for util in (0.4, 0.5, 0.6, 0.7):
+        mapped = U.emulated_utilization(util, 47.4, device_total)
+        # vLLM 0.24 request_memory: ceil(total_bytes * util)
+        requested_gib = math.ceil(device_total * budget.GIB * mapped) / budget.GIB
+        assert requested_gib == pytest.approx(util * 47.4, abs=1e-3)
+    assert U.emulated_utilization(0.6, 47.4, 139.8) == round(0.6 * 47.4 / 139.8, 6)
+
+
+def test_no_emulation_and_impossible_emulation():
+    assert U.emulated_utilization(0.55, 0, 139.8) == 0.55
+    with pytest.raises(P.ParamError, match="gpu_memory_utilization"):
+        U.emulated_utilization(0.9, 80.0, 47.4)  # 72 GiB of vLLM on a 47.4 GiB device
+    with pytest.raises(P.ParamError, match="gpu_memory_utilization"):
+        U.emulated_utilization(1.2, 47.4, 139.8)
+
+
+def test_emulation_info_and_recipe_carry_the_mapped_value():
+    cfg = config(case="qwen3_4b_48g", gpu_memory_utilization=0.5)
+    info = U.emulation_info(cfg, 139.8, "test")
+    assert info["vllm_requested_gib"] == pytest.approx(0.5 * 47.4, abs=1e-4)
+    recipe = U.build_recipe(cfg, info["vllm_gpu_memory_utilization"], 139.8)
+    assert recipe.gpu_memory_utilization == info["vllm_gpu_memory_utilization"]
+    assert "actor_rollout_ref.rollout.disable_log_stats=False" in recipe.extra_overrides
+    assert "actor_rollout_ref.rollout.max_model_len=768" in recipe.extra_overrides
+
+
+def test_planner_spec_is_the_emulated_card_with_the_cases_settings():
+    cfg = config(case="doc_small", gpu_memory_utilization=0.4)
+    spec = U.planner_spec(cfg)
+    assert (spec.gpu_gib, spec.gpu_memory_utilization, spec.max_prompt_length, spec.max_response_length) == (80.0, 0.4, 256, 256)
+    assert spec.micro_batch_tokens == 4 * 512  # 4 sequences x padded 512 tokens
+    assert U.planner_spec(config(case="qwen3_4b_48g")).offload_views  # the case's offload_views patch
+    assert U.planner_spec(config(enforce_eager=True)).cudagraph_gib == 0.0
+    rows = U.planner_sweep(cfg)
+    assert [r["gpu_memory_utilization"] for r in rows] == list(cfg.sweep_utils)
+    assert rows == sorted(rows, key=lambda r: r["kv_pool_gib"])  # more utilization, more KV pool
+
+
+# ------------------------------------------------------------------------------------------- parsers
+
+def test_vllm_startup_lines():
+    v = U.parse_vllm_log(sections()["run_ok"])
+    assert v["model_loading_gib"] == [1.38]
+    assert v["kv_cache_gib"] == [28.91]
+    assert v["kv_cache_tokens"] == [200064]
+    assert v["max_concurrency"] == [{"max_model_len": 512, "concurrency": 390.75}]
+    assert v["cuda_graphs"] == [{"seconds": 9.0, "gib": 0.87}]
+    assert [s["generation_tok_s"] for s in v["stats"]] == [5230.9, 11840.2, 12010.7]
+    assert v["stats"][0] == {"prompt_tok_s": 2170.4, "generation_tok_s": 5230.9, "running_reqs": 256,
+                             "waiting_reqs": 0, "kv_cache_usage_pct": 37.5}
+    v2 = U.parse_vllm_log(sections()["run_ok_model_runner_v2"])
+    assert v2["model_loading_gib"] == [7.55] and v2["cuda_graphs"][0]["gib"] == 1.12
+    assert v2["max_concurrency"] == [{"max_model_len": 768, "concurrency": 76.04}]
+
+
+def test_verl_memory_lines():
+    rows = U.parse_verl_memory(sections()["run_ok"])
+    assert rows == [{"label": "After FSDP", "allocated_gib": 3.06, "reserved_gib": 3.12, "device_used_gib": 4.21,
+                     "device_total_gib": 139.8}]
+
+
+@pytest.mark.parametrize("section, kind, phase", [
+    ("update_oom", "torch_oom", "update_actor"),
+    ("log_prob_oom", "torch_oom", "old_log_prob"),
+    ("vllm_refuses", "vllm_startup", "init"),
+])
+def test_failures_are_found_and_placed(section, kind, phase):
+    failure = U.find_failure(sections()[section])
+    assert (failure["kind"], failure["phase"]) == (kind, phase)
+
+
+def test_failure_details_and_clean_run():
+    assert U.find_failure(sections()["update_oom"])["tried_to_allocate"] == "2.32 GiB"
+    refused = U.find_failure(sections()["vllm_refuses"])
+    assert (refused["free_gib"], refused["total_gib"], refused["requested_gib"]) == (123.08, 139.8, 125.82)
+    assert U.find_failure(sections()["run_ok"]) is None
+
+
+# ------------------------------------------------------------------------------------------- phase alignment
+
+def test_phase_intervals_follow_verls_step_order():
+    steps = [{"step": 2, "timing_s/gen": 10.0, "timing_s/reward": 1.0, "timing_s/old_log_prob": 4.0,
+              "timing_s/adv": 1.0, "timing_s/update_actor": 8.0, "timing_s/update_weights": 2.0, "timing_s/step": 32.0}]
+    got = {(iv["phase"]): (iv["start"], iv["end"]) for iv in U.phase_intervals(steps, {2: 100.0})}
+    assert got == {"gen": (68.0, 78.0), "reward": (78.0, 79.0), "old_log_prob": (79.0, 83.0), "adv": (83.0, 84.0),
+                   "update_actor": (84.0, 92.0), "update_weights": (98.0, 100.0), "step": (68.0, 100.0)}
+    samples = [(t, [float(t)]) for t in (1, 10, 70, 85, 95, 99, 120)]
+    labels = [(r["phase"], r["step"]) for r in U.label_samples(samples, U.phase_intervals(steps, {2: 100.0}), 5.0)]
+    assert labels == [("idle", None), ("init", None), ("gen", 2), ("update_actor", 2), ("other", 2),
+                      ("update_weights", 2), ("shutdown", None)]
+
+
+def synthetic_samples_and_marks():
+    """A SYNTHETIC 1 Hz trace (not a measurement) placed on the fixture's run_ok steps:
+    step 1 logged at t=60 (40 s long), step 2 at t=100 (32 s): idle 2 GiB, then a level per phase."""
+    level = {"idle": 2.0, "init": 20.0, "gen": 40.0, "reward": 12.0, "old_log_prob": 14.0, "adv": 12.0,
+             "update_actor": 17.0, "update_weights": 13.0, "other": 12.0, "shutdown": 2.0}
+    marks = [(3.0, "launch"), (60.0, "logged:step1"), (100.0, "logged:step2")]
+    text = sections()["run_ok"]
+    from rlkit.grpo import parse_console_metrics
+
+    intervals = U.phase_intervals(parse_console_metrics(text), {1: 60.0, 2: 100.0})
+    rows = U.label_samples([(float(t), [0.0]) for t in range(110)], intervals, 3.0)
+    samples = [(r["t"], [level[r["phase"]]]) for r in rows]
+    return text, samples, marks
+
+
+def test_measure_from_logs_on_the_fixture():
+    text, samples, marks = synthetic_samples_and_marks()
+    case = U.CASES["doc_small"]
+    m = U.measure_from_logs(text, samples, marks, case, wall_s=107.0, returncode=0)
+    assert m["steps_logged"] == 2 and m["baseline_used_gib"] == 2.0
+    assert m["step_s"] == 32.0  # steps 2.. averaged
+    assert m["rollout_samples_per_s"] == case.samples_per_step / 10.0
+    assert m["vllm_generation_tok_s_peak"] == 12010.7
+    assert m["verl_memory"] == {"max_memory_allocated_gb": 9.75, "max_memory_reserved_gb": 10.5}
+    assert m["phase_peaks"]["gen"]["peak_job_gib"] == 38.0
+    assert m["phase_peaks"]["update_actor"]["peak_job_gib"] == 15.0
+    assert m["phase_peaks"]["update_actor"]["by_step"] == {"1": 17.0, "2": 17.0}
+    assert m["failure"] is None and m["update_oom"] is False
+
+
+# ------------------------------------------------------------------------------------------- planner vs measured
+
+def saved_sweep(tmp_path: Path) -> Path:
+    """A results folder of two measured points built from the fixture log and the synthetic trace."""
+    text, samples, marks = synthetic_samples_and_marks()
+    for util in (0.4, 0.6):
+        cfg = config(case="doc_small", gpu_memory_utilization=util)
+        measured = U.measure_from_logs(text, samples, marks, cfg.case_spec, wall_s=107.0, returncode=0)
+        metrics = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), measured, "test fixture")
+        write_json_atomic(tmp_path / f"doc_small-u{util}" / "metrics.json", metrics)
+    return tmp_path
+
+
+def test_planner_vs_measured_table_on_saved_results(tmp_path):
+    runs = U.runs_of(U.read_results(saved_sweep(tmp_path)))
+    assert [(r["case"]["name"], r["config"]["gpu_memory_utilization"], r["tag"]) for r in runs] == [
+        ("doc_small", 0.4, "doc_small-u0.4"), ("doc_small", 0.6, "doc_small-u0.6")]
+    table = U.comparison_table(runs)
+    for run in runs:
+        plan = budget.plan(U.planner_spec(P.build(U.Config, run["config"]))).as_dict()
+        rows = {r["quantity"]: r for r in table if r["util"] == run["config"]["gpu_memory_utilization"]}
+        assert rows["kv_pool_gib"]["planner"] == pytest.approx(plan["kv_pool_gib"])
+        assert rows["kv_pool_gib"]["ratio"] == pytest.approx(28.91 / plan["kv_pool_gib"])
+        assert rows["max_concurrent_seqs"]["ratio"] == pytest.approx(390.75 / plan["max_concurrent_seqs"])
+        assert rows["cuda_graphs_gib"]["ratio"] == pytest.approx(0.87 / 1.0)
+        expected_update = max(plan["device_total_gib"]["update_fwd_bwd"], plan["device_total_gib"]["optimizer_step"])
+        assert rows["peak_update_actor_gib"]["ratio"] == pytest.approx(15.0 / expected_update)
+        for row in rows.values():
+            assert row["off_by_more_than_10pct"] == (abs(row["ratio"] - 1) > 0.10)
+    kv_ratios = [r["ratio"] for r in table if r["quantity"] == "kv_pool_gib"]
+    assert kv_ratios[0] > kv_ratios[1]  # same measured pool, larger planned pool at 0.6
+
+
+def test_sweep_rows_cost_and_oom_summary(tmp_path):
+    runs = U.runs_of(U.read_results(saved_sweep(tmp_path)))
+    row = U.sweep_rows(runs)[0]
+    assert (row["kv_pool_gib"], row["max_concurrency"], row["step_s"]) == (28.91, 390.75, 32.0)
+    assert row["peak_gen_gib"] == 38.0 and row["failure"] is None
+    cost = runs[0]["cost"]
+    assert cost["steady_state_usd_per_million_samples"] == pytest.approx(2.5 * (32.0 / 3600) / (256 / 1e6))
+    assert cost["whole_job_usd_per_million_samples"] == pytest.approx(2.5 * (107.0 / 3600) / (512 / 1e6))
+    assert U.first_update_oom(runs) == {"doc_small": {"observed": None, "inferred": None, "measured_runs": 2}}
+    assert runs[0]["emulated_verdict"]["verdict"] == "fits the emulated card"
+    text = U.describe(runs)
+    assert "doc_small at util 0.4 of 80.0 GiB" in text and "rollout samples/s" in text
+
+
+def test_unmeasured_point_has_planner_numbers_and_no_measurement():
+    cfg = config(case="qwen3_4b_48g")
+    m = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), None, "no GPU: not measured")
+    assert m["measured"] is None and m["cost"] is None and m["emulated_verdict"] is None
+    assert all(r["measured"] is None and r["ratio"] is None and r["planner"] is not None for r in m["comparison"])
+    assert U.sweep_rows([m])[0]["measured"] is False
+
+
+def test_a_real_oom_is_the_first_update_oom(tmp_path):
+    cfg = config(case="qwen3_4b_48g", gpu_memory_utilization=0.5)
+    measured = U.measure_from_logs(sections()["update_oom"], [], [(0.0, "launch")], cfg.case_spec, 200.0, 1)
+    assert measured["update_oom"] is True
+    run = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), measured, "test fixture")
+    assert U.first_update_oom([run])["qwen3_4b_48g"]["observed"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------- notebook
+
+def test_notebook_parameters_are_the_config_fields():
+    from rlkit import run as R
+
+    path = NBS_DIR / f"{U.NOTEBOOK}.ipynb"
+    declared = R.declared_parameters(path)
+    assert set(declared) == set(P.field_names(U.Config)) | {"results_dir"}
+    nb = nbformat.read(path, as_version=4)
+    assert not [c for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    source = "\n".join(c.source for c in nb.cells)
+    assert "notebook_out_dir(\"06_util_sweep\")" in source and "metrics.json" in source
+
+
+@pytest.mark.verl
+def test_run_on_cpu_validates_the_launch_and_measures_nothing(tmp_path):
+    """The tiny point end to end on CPU: verl 0.9.1's own config accepts the sweep's overrides; no GPU,
+    so nothing is measured and the reason says so."""
+    metrics = U.run(config(), out_dir=tmp_path)
+    assert set(U.METRICS_KEYS) <= set(metrics)
+    assert metrics["launched"] is False and metrics["measured"] is None
+    assert metrics["launch_reason"].startswith("no GPU: not measured")
+    assert "actor_rollout_ref.rollout.disable_log_stats=False" in metrics["overrides"]
+    assert f"actor_rollout_ref.rollout.gpu_memory_utilization={metrics['emulation']['vllm_gpu_memory_utilization']}" \
+        in metrics["overrides"]
+    assert "actor_rollout_ref.rollout" in metrics["verify"]["validated_sections"]
+
+
+# ------------------------------------------------------------------------------------------- launch plumbing
+
+REPLAY = r"""
+import json, os, sys, time
+lines = open(sys.argv[1]).read().splitlines()
+for line in lines:
+    print(line, flush=True)
+    if "step:" in line:
+        time.sleep(0.3)
+record_dir = os.environ["RLKIT_RECORD_DIR"]
+with open(os.path.join(record_dir, f"{os.getpid()}.json"), "w") as f:
+    json.dump({"pid": os.getpid(), "role": "ray_worker", "applied": [], "error": None}, f)
+time.sleep(float(sys.argv[2]))
+sys.exit(int(sys.argv[3]))
+"""
+
+
+def replayed_launch(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, exit_code: int = 0, timeout_s: int = 30):
+    """The launch with the verl job replaced by a child replaying a fixture section and the GPU reader by a
+    constant 2 GiB. Checks the plumbing (log capture, step marks on the sampler's clock, idle baseline,
+    release wait, success/failure handling), not any measurement."""
+    import sys
+
+    from rlkit import grpo, measure
+
+    log = tmp_path / "section.log"
+    log.write_text(sections()[section])
+    monkeypatch.setattr(grpo, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), str(sleep_s),
+                                                            str(exit_code)])
+    monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
+    cfg = config(case="doc_small", sample_interval_s=0.05, timeout_s=timeout_s)
+    recipe = U.build_recipe(cfg, 0.3, 139.8)
+    return U.launch_measured(recipe, ["x=1"], tmp_path, cfg)
+
+
+def test_launch_plumbing_marks_steps_and_reads_the_log(tmp_path, monkeypatch):
+    m = replayed_launch(tmp_path, monkeypatch, "run_ok")
+    assert m["returncode"] == 0 and m["steps_logged"] == 2 and m["failure"] is None
+    assert m["baseline_used_gib"] == 2.0 and m["device_released_after_s"] is not None
+    steps = [iv for iv in m["phase_intervals"] if iv["phase"] == "step"]
+    assert [iv["step"] for iv in steps] == [1, 2] and steps[0]["end"] < steps[1]["end"]
+    assert m["vllm"]["kv_cache_gib"] == [28.91]
+    assert Path(m["log_path"]).read_text() == sections()["run_ok"]
+    assert m["sampler"]["source"] == "constant" and len(m["plugin_records"]) == 1
+
+
+def test_launch_plumbing_returns_an_oom_as_a_result(tmp_path, monkeypatch):
+    m = replayed_launch(tmp_path, monkeypatch, "update_oom", exit_code=1)
+    assert m["returncode"] == 1 and m["update_oom"] is True
+
+
+def test_launch_plumbing_timeout_raises(tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match="timeout"):
+        replayed_launch(tmp_path, monkeypatch, "run_ok_model_runner_v2", sleep_s=60, timeout_s=1)
+
+
+def test_isolated_input_preparation_matches_in_process():
+    from rlkit import grpo
+
+    recipe = U.build_recipe(config(), 0.2, 139.8)
+    assert U.prepare_inputs_isolated(recipe) == grpo.prepare_inputs(recipe)
