@@ -123,24 +123,11 @@ def seed_table_diff() -> list[dict[str, Any]]:
 # 2. Model shapes and parameter counts
 # ---------------------------------------------------------------------------------------------------
 
-# Published config.json values of the Qwen2.5 models (Qwen2 architecture: q/k/v projections carry biases).
-QWEN25_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": {
-        "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-    },
-    "qwen2.5-7b": {
-        "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-    },
-}
-
-
 def presets() -> dict[str, dict[str, Any]]:
-    """Every model preset the planner knows: Qwen2.5 (here) and rlkit's Qwen3 presets (rlkit.models)."""
+    """Every model preset the planner knows: rlkit.models' Qwen2.5 and Qwen3 presets."""
     from rlkit.models import PRESETS
 
-    return {**QWEN25_PRESETS, **PRESETS}
+    return PRESETS
 
 
 def preset_name(model: str) -> str | None:

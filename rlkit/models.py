@@ -1,9 +1,10 @@
-"""Random-init Qwen3 models from exact configs (no downloads), and the real loading path.
+"""Random-init Qwen models from exact configs (no downloads), and the real loading path.
 
 Presets carry every field of the published config: ``transformers.Qwen3Config()`` defaults are not
 Qwen3-4B, so nothing is left to defaults. ``qwen3-735m`` is Qwen3-0.6B's layer shape with 37 layers
 (tied embeddings), the ~735M-parameter model of the offload-bug reproduction; ``tiny`` runs on a CPU
-in milliseconds.
+in milliseconds; the Qwen2.5 presets are the second source document's models (Qwen2 architecture:
+biases on the q/k/v projections).
 """
 from __future__ import annotations
 
@@ -27,7 +28,48 @@ _QWEN3_COMMON: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+_QWEN25_COMMON: dict[str, Any] = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_act": "silu",
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_position_embeddings": 32768,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
+    # Qwen/Qwen2.5-0.5B-Instruct config.json.
+    "qwen2.5-0.5b": {
+        **_QWEN25_COMMON,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_window_layers": 21,
+    },
+    # Qwen/Qwen2.5-7B-Instruct config.json.
+    "qwen2.5-7b": {
+        **_QWEN25_COMMON,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "max_window_layers": 28,
+    },
     # Qwen/Qwen3-4B config.json (packaging notes): 4,022,468,096 parameters.
     "qwen3-4b": {
         **_QWEN3_COMMON,
@@ -88,18 +130,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_config(name: str, **overrides: Any):
-    """A ``transformers.Qwen3Config`` for preset ``name`` (every field set), with overrides."""
-    from transformers import Qwen3Config
+    """The transformers config (Qwen3Config or Qwen2Config) for preset ``name``, every field set, with overrides."""
+    from transformers import AutoConfig
 
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
-    fields.pop("model_type", None)
-    return Qwen3Config(**fields)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def build_random_model(name: str, *, seed: int = 0, dtype=None, device=None, **overrides: Any):
-    """A randomly initialised ``Qwen3ForCausalLM`` for preset ``name`` (deterministic per seed)."""
+    """A randomly initialised causal LM for preset ``name`` (deterministic per seed)."""
     import torch
     from transformers import AutoModelForCausalLM
 

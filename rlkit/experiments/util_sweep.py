@@ -93,15 +93,12 @@ CASES: dict[str, Case] = {
     # Seed 003's small case ("target config ... small-model sanity pass"): Qwen2.5-0.5B-Instruct, 256 + 256
     # tokens, 32 prompts x 8, mini-batch 16, 4 sequences per micro-batch, param + optimizer offload,
     # chunked prefill with max_num_batched_tokens 4096, on its 80 GiB card (its script's TOTAL = 80.0).
-    # rlkit.models has no Qwen2.5 preset and the GPU node cannot download one, so the launched model is
-    # the nearest random-init Qwen3 preset, qwen3-735m (737.6M parameters, 37 layers x 8 KV heads x 128:
-    # 12x the KV bytes per token of Qwen2.5-0.5B's 24 x 2 x 64). The planner is run for the same
-    # qwen3-735m, so planner and measurement always describe the same model. Full fine-tune, as the
-    # document's command line (no LoRA keys); its log-prob micro-batch 16 becomes 4 here (one key in the
-    # recipe sets both).
+    # The launched model is a random-init Qwen2.5-0.5B built from its published config (the node cannot
+    # download weights); the planner is run for the same preset. Full fine-tune, as the document's command
+    # line (no LoRA keys); its log-prob micro-batch 16 becomes 4 here (one key in the recipe sets both).
     "doc_small": Case(
-        description="seed 003's small case (qwen3-735m random init for Qwen2.5-0.5B) on an emulated 80 GiB card",
-        model="qwen3-735m", emulated_total_gib=80.0, max_prompt_length=256, max_response_length=256,
+        description="seed 003's small case (random-init Qwen2.5-0.5B) on an emulated 80 GiB card",
+        model="qwen2.5-0.5b", emulated_total_gib=80.0, max_prompt_length=256, max_response_length=256,
         train_batch_size=32, rollout_n=8, ppo_mini_batch_size=16, use_dynamic_bsz=False,
         ppo_max_token_len_per_gpu=2048, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=True,
         patches=(), max_num_batched_tokens=4096, data_rows=2048,
