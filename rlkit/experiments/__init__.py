@@ -12,6 +12,7 @@ rendering those results later (parameter ``results_dir``) adds the executed note
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from typing import Any, Callable
 
@@ -19,13 +20,17 @@ from rlkit import params as P
 from rlkit.results import ResultsFolder, load_profile, parse_overrides
 
 
-def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, argv=None,
-                    notebook_only: tuple[str, ...] = ("results_dir",)) -> int:
+def experiment_main(config_cls, run_fn: Callable[..., dict], notebook: str, argv=None,
+                    notebook_only: tuple[str, ...] = ("results_dir",),
+                    default_tag: Callable[[Any], str] | None = None) -> int:
+    """CLI of one experiment. ``run_fn(cfg)`` or, if it takes ``out_dir``, ``run_fn(cfg, out_dir=...)``
+    (the results folder being written: for logs the run keeps); ``default_tag(cfg)`` names the folder
+    when ``--tag`` is not given (default: the profile)."""
     parser = argparse.ArgumentParser(prog=f"python -m rlkit.experiments.{run_fn.__module__.rsplit('.', 1)[-1]}")
     parser.add_argument("--profile", default="tiny", help="parameter file nbs/params/<notebook>.<profile>.yaml")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                         help="override one parameter (YAML value)")
-    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
+    parser.add_argument("--tag", default=None, help="results folder name")
     parser.add_argument("--out", default=None, help="results root (default: outputs/)")
     ns = parser.parse_args(argv)
     values = load_profile(notebook, ns.profile)
@@ -37,11 +42,12 @@ def experiment_main(config_cls, run_fn: Callable[[Any], dict], notebook: str, ar
     except P.ParamError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    folder = ResultsFolder.create(notebook, ns.tag or ns.profile, root=ns.out)
-    with folder.writing():
+    tag = ns.tag or (default_tag(cfg) if default_tag else ns.profile)
+    folder = ResultsFolder.create(notebook, tag, root=ns.out)
+    with folder.writing() as work_dir:
         folder.write_params(P.as_dict(cfg))
         folder.write_env()
-        metrics = run_fn(cfg)
-        folder.write_metrics(metrics)
+        wants_dir = "out_dir" in inspect.signature(run_fn).parameters
+        folder.write_metrics(run_fn(cfg, out_dir=work_dir) if wants_dir else run_fn(cfg))
     print(f"results: {folder.path}")
     return 0

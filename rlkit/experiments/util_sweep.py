@@ -967,36 +967,11 @@ def throughput_figure(runs: list[dict[str, Any]]):
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# command line: like rlkit.experiments.experiment_main, but verl's logs land in the results folder
-# ---------------------------------------------------------------------------------------------------
-
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from rlkit.experiments import experiment_main
 
-    from rlkit.results import ResultsFolder, load_profile, parse_overrides
-
-    parser = argparse.ArgumentParser(prog="python -m rlkit.experiments.util_sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="tiny", help=f"parameter file nbs/params/{NOTEBOOK}.<profile>.yaml")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--tag", default=None, help="results folder name (default: <case>-u<util>)")
-    parser.add_argument("--out", default=None, help="results root (default: outputs/)")
-    ns = parser.parse_args(argv)
-    values = load_profile(NOTEBOOK, ns.profile)
-    values.update(parse_overrides(ns.param))
-    values.pop("results_dir", None)
-    try:
-        cfg = P.build(Config, values, where=f"parameters of {NOTEBOOK}")
-    except P.ParamError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    folder = ResultsFolder.create(NOTEBOOK, ns.tag or f"{cfg.case}-u{cfg.gpu_memory_utilization}", root=ns.out)
-    with folder.writing() as work_dir:
-        folder.write_params(P.as_dict(cfg))
-        folder.write_env()
-        folder.write_metrics(run(cfg, out_dir=work_dir))
-    print(f"results: {folder.path}")
-    return 0
+    return experiment_main(Config, run, NOTEBOOK, argv,
+                           default_tag=lambda cfg: f"{cfg.case}-u{cfg.gpu_memory_utilization}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ _resident_handles: weakref.WeakSet = weakref.WeakSet()
 
 
 def eligible(handle) -> bool:
-    """Handles the patch applies to: NO_SHARD, bf16 param mixed precision, no CPU offload, flat views."""
+    """Handles cast-once and master-on-host apply to: NO_SHARD, bf16 param mixed precision, no CPU offload, flat views."""
     return (
         not handle.uses_sharded_strategy
         and handle._uses_param_mixed_precision

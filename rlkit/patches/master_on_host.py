@@ -28,6 +28,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from rlkit.patches import Patch, PatchError, replace_attr
+from rlkit.patches.cast_once import eligible
 
 PLACEHOLDER = "_rlkit_device_placeholder"  # handle attribute: the freed device fp32 tensor while parked
 
@@ -91,7 +92,7 @@ class HostMasters:
         if not PATCH.active():
             raise PatchError("HostMasters needs the master_on_host patch: rlkit.patches.apply(['master_on_host'])")
         self.handles = fsdp_handles(module)
-        bad = [h for h in self.handles if not _parkable(h)]
+        bad = [h for h in self.handles if not eligible(h)]
         if not self.handles or bad:
             raise PatchError(
                 "master_on_host supports FSDP1 NO_SHARD with MixedPrecision(param_dtype=...), "
@@ -167,15 +168,6 @@ class HostMasters:
 
     def host_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._host.values())
-
-
-def _parkable(handle) -> bool:
-    return (
-        not handle.uses_sharded_strategy
-        and handle._uses_param_mixed_precision
-        and not handle._offload_params
-        and not handle._use_orig_params
-    )
 
 
 def _check_idle(handle) -> None:
