@@ -113,7 +113,7 @@ class GRPORecipe:
     timeout_s: int = 3600
 
     def __post_init__(self) -> None:
-        from rlkit.patches import KNOWN_PATCHES
+        from rlkit.patches import KNOWN_PATCHES, VERL_READY
 
         def bad(key: str, why: str, fix: str) -> None:
             raise P.ParamError(f"GRPORecipe.{key}: {why}. Fix: {fix}")
@@ -139,6 +139,11 @@ class GRPORecipe:
             bad("patches", f"unknown {unknown}", f"choose from {list(KNOWN_PATCHES)}")
         if len(set(self.patches)) != len(self.patches):
             bad("patches", f"{list(self.patches)} repeats a name", "list each patch once")
+        not_wired = [p for p in self.patches if p not in VERL_READY]
+        if not_wired:
+            bad("patches", f"{not_wired} are not wired into verl's engine yet (the fp32 master must be parked and "
+                "unparked around verl's offload, state_dict and weight sync); they are measured in the "
+                "update-phase harness, notebook 03", f"leave them out of the recipe: use {sorted(VERL_READY)}")
         if self.optimizer == "HostAdamW" and self.optimizer_offload:
             bad("optimizer_offload", "HostAdamW keeps its state on the host; verl's optimizer offload would "
                 "ship it to the GPU every update", "set optimizer_offload: false")

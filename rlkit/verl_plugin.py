@@ -95,6 +95,10 @@ def activate(environ=os.environ) -> list[str]:
     try:
         from rlkit import patches
 
+        not_ready = [name for name in requested if name in patches.KNOWN_PATCHES and name not in patches.VERL_READY]
+        if not_ready:
+            raise patches.PatchError(f"{not_ready} are not wired into verl yet; patches usable in verl: "
+                                     f"{sorted(patches.VERL_READY)}")
         applied = patches.apply(requested)
         record.update(applied=applied, active=patches.active(), error=None)
     except BaseException as err:

@@ -201,3 +201,9 @@ def test_cli_render(capsys):
     assert "python -m verl.trainer.main_ppo" in out and "RLKIT_PATCHES=offload_views,no_shard" in out
     assert grpo.main(["render", "--profile", "tiny", "-p", "rollout_n=0"]) == 2
     assert "GRPORecipe.rollout_n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["master_on_host", "cast_once"])
+def test_patches_not_wired_into_verl_are_refused_with_the_fix(name):
+    with pytest.raises(P.ParamError, match=rf"GRPORecipe.patches: \['{name}'\] are not wired into verl"):
+        grpo.GRPORecipe(patches=("offload_views", name))

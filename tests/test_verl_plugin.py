@@ -53,6 +53,13 @@ def test_unknown_patch_fails_import_verl_loudly(tmp_path):
         check_plugin_records(tmp_path, ["offload_views", "no_such_patch"])
 
 
+@pytest.mark.verl
+def test_patch_not_wired_into_verl_fails_import_verl_loudly(tmp_path):
+    proc = _import_verl(tmp_path, "master_on_host")
+    assert proc.returncode != 0 and "ACTIVE=" not in proc.stdout
+    assert "not wired into verl" in proc.stderr and "master_on_host" in proc.stderr
+
+
 def test_missing_records_are_an_error(tmp_path):
     with pytest.raises(RuntimeError, match="never loaded"):
         check_plugin_records(tmp_path, [])
