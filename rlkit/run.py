@@ -142,7 +142,7 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
         raise RunError(f"{results_dir} has no metrics.json to render; run the experiment first")
     start = time.perf_counter()
     target = results_dir / "executed.ipynb"
-    partial = results_dir / ".executed.ipynb.partial"
+    partial = results_dir / ".executed.partial.ipynb"
     with tempfile.TemporaryDirectory(prefix="rlkit-render-") as scratch:
         env_before = os.environ.get("RLKIT_OUT_DIR")
         os.environ["RLKIT_OUT_DIR"] = scratch  # the notebook's copy of metrics.json is not needed here
