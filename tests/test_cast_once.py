@@ -67,8 +67,7 @@ def train(arm: str, *, steps: int = 2, micro_batches: int = 3, host_adamw: bool 
             out["resident_diff"].append(cast_once.resident_vs_master_max_abs_diff(model))
             out["grads"].append([p.grad.clone() for p in params])
             if masters is not None:
-                with masters.exposed():
-                    optimizer.step()
+                masters.step(optimizer)
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)

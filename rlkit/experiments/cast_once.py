@@ -270,8 +270,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
                 optimizer.timer = None  # one "optimizer" phase; nested phases would reset the peak counter
                 with timer.phase("optimizer"):
                     if masters is not None:
-                        with masters.exposed():
-                            optimizer.step()
+                        masters.step(optimizer)
                     else:
                         optimizer.step()
                     optimizer.zero_grad(set_to_none=True)

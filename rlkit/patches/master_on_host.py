@@ -48,15 +48,7 @@ def _apply():
         if placeholder is not None:
             self.flat_param.data = placeholder
 
-    undos = [
-        replace_attr(FlatParamHandle, "_use_sharded_flat_param", _use_sharded_flat_param),
-    ]
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-
-    return undo
+    return replace_attr(FlatParamHandle, "_use_sharded_flat_param", _use_sharded_flat_param)
 
 
 PATCH = Patch(
@@ -146,6 +138,11 @@ class HostMasters:
             setattr(handle, PLACEHOLDER, None)
             flat_param._local_shard = device_master
             flat_param.data = device_master
+
+    def step(self, optimizer) -> None:
+        """``optimizer.step()`` with the masters exposed (a host optimizer updates them in place)."""
+        with self.exposed():
+            optimizer.step()
 
     @contextmanager
     def exposed(self):
