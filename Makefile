@@ -9,6 +9,7 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PROFILE ?= tiny
 TORCH   ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 EXTRAS  ?= verl,dev
 BIN      = $(VENV)/bin
 
@@ -19,7 +20,7 @@ setup: $(VENV)/.rlkit-installed
 $(VENV)/.rlkit-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q "$(TORCH)" $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
