@@ -94,29 +94,34 @@ def grid_tag(base: str, point: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", "-".join(parts))
 
 
+def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str | os.PathLike, *,
+            progress: bool) -> None:
+    """papermill-execute ``path`` into ``output`` with ``RLKIT_OUT_DIR`` (where the notebook writes
+    metrics.json and figures) set for the kernel, and restored afterwards."""
+    import papermill
+
+    before = os.environ.get("RLKIT_OUT_DIR")
+    os.environ["RLKIT_OUT_DIR"] = str(out_dir)
+    try:
+        papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
+                                   cwd=str(path.parent), kernel_name="python3")
+    finally:
+        if before is None:
+            os.environ.pop("RLKIT_OUT_DIR", None)
+        else:
+            os.environ["RLKIT_OUT_DIR"] = before
+
+
 def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = True,
             root: Path | None = None) -> RunResult:
     """Execute one notebook into its results folder; never raises for a failing notebook."""
-    import papermill
-
     folder = ResultsFolder(path.stem, tag, root=root)
     start = time.perf_counter()
     try:
         with folder.writing() as work:
             folder.write_params(values)
             folder.write_env()
-            env_before = os.environ.get("RLKIT_OUT_DIR")
-            os.environ["RLKIT_OUT_DIR"] = str(work.resolve())
-            try:
-                papermill.execute_notebook(
-                    str(path), str(work / "executed.ipynb"), parameters=values,
-                    progress_bar=progress, cwd=str(path.parent), kernel_name="python3",
-                )
-            finally:
-                if env_before is None:
-                    os.environ.pop("RLKIT_OUT_DIR", None)
-                else:
-                    os.environ["RLKIT_OUT_DIR"] = env_before
+            execute(path, work / "executed.ipynb", values, work.resolve(), progress=progress)
             metrics_file = work / "metrics.json"
             if not metrics_file.exists():
                 raise RunError(f"{path.name} ran but wrote no metrics.json into RLKIT_OUT_DIR")
@@ -135,8 +140,6 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
     """
     import tempfile
 
-    import papermill
-
     results_dir = Path(results_dir)
     if not (results_dir / "metrics.json").exists():
         raise RunError(f"{results_dir} has no metrics.json to render; run the experiment first")
@@ -144,19 +147,11 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
     target = results_dir / "executed.ipynb"
     partial = results_dir / ".executed.partial.ipynb"
     with tempfile.TemporaryDirectory(prefix="rlkit-render-") as scratch:
-        env_before = os.environ.get("RLKIT_OUT_DIR")
-        os.environ["RLKIT_OUT_DIR"] = scratch  # the notebook's copy of metrics.json is not needed here
-        try:
-            papermill.execute_notebook(str(path), str(partial), parameters={**values, "results_dir": str(results_dir)},
-                                       progress_bar=progress, cwd=str(path.parent), kernel_name="python3")
+        try:  # the notebook's own copy of metrics.json goes to the scratch folder
+            execute(path, partial, {**values, "results_dir": str(results_dir)}, scratch, progress=progress)
         except Exception as err:
             partial.unlink(missing_ok=True)
             return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir, error=_short(err))
-        finally:
-            if env_before is None:
-                os.environ.pop("RLKIT_OUT_DIR", None)
-            else:
-                os.environ["RLKIT_OUT_DIR"] = env_before
     partial.replace(target)
     return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir)
 
