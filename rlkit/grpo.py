@@ -96,6 +96,8 @@ class GRPORecipe:
     param_offload: bool = True
     optimizer_offload: bool = True     # must be false with HostAdamW (its state lives on the host)
     optimizer: Literal["AdamW", "HostAdamW"] = "AdamW"  # HostAdamW: rlkit.optim, the step on the CPU
+    host_pin_memory: bool = True       # HostAdamW: pinned, reused staging buffers (seed Step 4); false: pageable
+    host_rank0_owner: bool = False     # HostAdamW: rank 0 alone holds Adam state and broadcasts (seed Step 5)
     gpu_memory_utilization: float = 0.85
     free_cache_engine: bool = True     # vLLM sleep mode between rollouts
     rollout_tp: int = 1
@@ -109,7 +111,10 @@ class GRPORecipe:
     helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
     extra_overrides: tuple[str, ...] = ()  # further verl Hydra overrides, appended last
     planner_gpu_gib: float = 47.4      # device memory the planner checks against (A6000: 47.4, H200: 139.8)
+    emulate_gpu_gib: float = 0.0       # >0: every verl process sees a card of this size (rlkit.emulate_card); 0: off
+    check_rank_identity: bool = True   # after each optimizer step, record max |weights - rank 0's| (n_gpus > 1)
     launch: Literal["auto", "always", "never"] = "auto"  # auto: launch verl when n_gpus CUDA GPUs exist
+    expect_failure: bool = False       # the stock arm: a memory failure of verl is the recorded result
     timeout_s: int = 3600
 
     def __post_init__(self) -> None:
@@ -144,6 +149,11 @@ class GRPORecipe:
             bad("patches", f"{not_wired} are not wired into verl's engine yet (the fp32 master must be parked and "
                 "unparked around verl's offload, state_dict and weight sync); they are measured in the "
                 "update-phase harness, notebook 03", f"leave them out of the recipe: use {sorted(VERL_READY)}")
+        if self.optimizer != "HostAdamW" and self.host_rank0_owner:
+            bad("host_rank0_owner", "is a HostAdamW option but optimizer is AdamW", "set optimizer: HostAdamW or "
+                "host_rank0_owner: false")
+        if self.emulate_gpu_gib < 0:
+            bad("emulate_gpu_gib", f"{self.emulate_gpu_gib} is negative", "0 (off) or a card size in GiB, e.g. 47.4")
         if self.optimizer == "HostAdamW" and self.optimizer_offload:
             bad("optimizer_offload", "HostAdamW keeps its state on the host; verl's optimizer offload would "
                 "ship it to the GPU every update", "set optimizer_offload: false")
@@ -249,6 +259,8 @@ def render_overrides(recipe: GRPORecipe, paths: Paths | None = None, out_dir: st
         f"{arr}.actor.optim.lr={recipe.lr}",
         f"{arr}.actor.optim.optimizer_impl={optimizer_impl}",
         f"{arr}.actor.optim.optimizer={recipe.optimizer}",
+        *([f"{arr}.actor.optim.override_optimizer_config={{pin_memory:{_b(recipe.host_pin_memory).lower()},"
+           f"rank0_owner:{_b(recipe.host_rank0_owner).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
         f"{arr}.actor.fsdp_config.fsdp_size={recipe.fsdp_size}",
         f"{arr}.actor.fsdp_config.param_offload={_b(recipe.param_offload)}",
         f"{arr}.actor.fsdp_config.optimizer_offload={_b(recipe.optimizer_offload)}",
@@ -296,6 +308,8 @@ def launch_env(recipe: GRPORecipe, record_dir: str | os.PathLike, base: dict | N
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))
     env["RLKIT_PATCHES"] = ",".join(recipe.patches)
     env["RLKIT_RECORD_DIR"] = str(record_dir)
+    env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
+    env["RLKIT_CHECK_RANK_IDENTITY"] = "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -303,6 +317,8 @@ def launch_env(recipe: GRPORecipe, record_dir: str | os.PathLike, base: dict | N
 def shell_command(recipe: GRPORecipe, overrides: list[str]) -> str:
     """The launch as one copy-pasteable shell line (env vars the recipe sets + the command)."""
     env = {"RLKIT_PATCHES": ",".join(recipe.patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
+    if recipe.emulate_gpu_gib:
+        env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}"
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return " \\\n  ".join([env_part, "python -m verl.trainer.main_ppo", *(shlex.quote(o) for o in overrides)])
 
@@ -545,6 +561,26 @@ def prepare_inputs(recipe: GRPORecipe) -> tuple[Paths, dict, dict]:
     return Paths(model=model_info["path"], train_file=data_info["path"]), data_info, model_info
 
 
+_PREPARE_CHILD = """
+import json, sys
+from rlkit import grpo, params
+recipe = params.build(grpo.GRPORecipe, json.loads(sys.argv[1]))
+paths, data_info, model_info = grpo.prepare_inputs(recipe)
+print(json.dumps([paths.model, paths.train_file, data_info, model_info], default=str))
+"""
+
+
+def prepare_inputs_isolated(recipe):
+    """:func:`rlkit.grpo.prepare_inputs` in a child process: building a random-init model uses the GPU when
+    there is one, and this process (the sampler's, for the whole job) must hold no CUDA memory."""
+    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(P.as_dict(recipe))], check=False,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the inputs failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    model, train_file, data_info, model_info = json.loads(done.stdout.strip().splitlines()[-1])
+    return Paths(model=model, train_file=train_file), data_info, model_info
+
+
 def preflight_findings(recipe: GRPORecipe, overrides: list[str]) -> dict[str, Any]:
     """``rlkit.preflight.check_overrides`` on the rendered overrides (when that module exists).
 
@@ -610,27 +646,105 @@ def launch_decision(recipe: GRPORecipe) -> tuple[bool, str]:
                    f"(python -m rlkit.grpo launch --profile h200)")
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop verl and everything it started (Ray, vLLM workers): they share the launched session."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _start_sampler():
+    """The 1 Hz device-wide memory sampler when a GPU can be read; None otherwise."""
+    if not gpu_count():
+        return None
+    from rlkit.measure import GpuSampler, GpuSamplerUnavailable
+
+    try:
+        return GpuSampler(interval_s=1.0).start()
+    except GpuSamplerUnavailable as err:
+        print(f"no GPU memory sampling: {err}")
+        return None
+
+
 def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict[str, Any]:
-    """Run verl's trainer to completion; parse its console metrics; check every process's plugin record."""
+    """Run verl's trainer to completion beside the GPU sampler; parse its console metrics; check every
+    process's plugin record and the ranks' weights. With ``expect_failure`` a memory failure (how stock
+    verl fails, seed Step 0) is the result instead of an error."""
+    from rlkit.experiments.util_sweep import find_failure
+    from rlkit.patches import rank_identity
+
     record_dir = out_dir / "plugin_records"
     _clear_records(record_dir)
+    for old in record_dir.glob(f"{rank_identity.RECORD_PREFIX}*"):
+        old.unlink()
     log_path = out_dir / "verl.log"
+    sampler = _start_sampler()
     start = time.time()
     with open(log_path, "w") as log:
+        proc = subprocess.Popen(command(overrides), stdout=log, stderr=subprocess.STDOUT,
+                                env=launch_env(recipe, record_dir), cwd=out_dir, start_new_session=True)
         try:
-            proc = subprocess.run(command(overrides), check=False, stdout=log, stderr=subprocess.STDOUT,
-                                  env=launch_env(recipe, record_dir), timeout=recipe.timeout_s, cwd=out_dir)
-            returncode = proc.returncode
+            returncode = proc.wait(timeout=recipe.timeout_s)
         except subprocess.TimeoutExpired:
             returncode = "timeout"
+        finally:
+            if proc.poll() is None or returncode != 0:
+                _kill_group(proc)
     wall = time.time() - start
-    steps = parse_console_metrics(log_path.read_text(errors="replace"))
+    gpu_memory = None
+    if sampler is not None:
+        sampler.stop()
+        gpu_memory = {**sampler.summary(), "timeline": [[round(t, 1), [round(u, 3) for u in used]]
+                                                         for t, used in sampler.samples]}
+    text = log_path.read_text(errors="replace")
+    steps = parse_console_metrics(text)
+    failure = find_failure(text)
+    result = {"steps": steps, "wall_s": wall, "returncode": returncode, "log_path": str(log_path),
+              "failure": failure, "gpu_memory": gpu_memory,
+              "rank_identity": rank_identity.read_records(record_dir)}
     if returncode != 0 or len(training_steps(steps)) < recipe.steps:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        if recipe.expect_failure and failure is not None:
+            result["plugin_records"] = read_plugin_records(record_dir)
+            return result
+        tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"verl exited with {returncode} after {wall:.0f} s having logged {len(training_steps(steps))}/"
                            f"{recipe.steps} steps; full log {log_path}; last lines:\n{tail}")
-    records = check_plugin_records(record_dir, recipe.patches, require_worker=True)
-    return {"steps": steps, "wall_s": wall, "log_path": str(log_path), "plugin_records": records}
+    result["plugin_records"] = check_plugin_records(record_dir, recipe.patches, require_worker=True)
+    bad = [r for r in result["rank_identity"] if r["max_abs_diff"] != 0.0 or r["differing_elements"]]
+    if bad:
+        result["sanity_failures"] = [f"optimizer step {r['optimizer_step']}: ranks differ by up to "
+                                     f"{r['max_abs_diff']:g} ({r['differing_elements']} elements)" for r in bad]
+    return result
+
+
+def sanity(steps: list[dict[str, Any]], rank_rows: list[dict[str, Any]], n_gpus: int) -> dict[str, Any]:
+    """The issue's bar for every arm: finite non-zero grad_norm, finite pg_loss, no NaN, ranks bit-identical."""
+    import math
+
+    trained = training_steps(steps)
+    grad = [s.get("actor/grad_norm") for s in trained]
+    loss = [s.get("actor/pg_loss") for s in trained]
+    nan_keys = sorted({k for s in trained for k, v in s.items() if isinstance(v, float) and math.isnan(v)})
+    checks = {
+        "grad_norm_finite_nonzero": bool(grad) and all(isinstance(g, (int, float)) and math.isfinite(g) and g != 0
+                                                        for g in grad),
+        "pg_loss_finite": bool(loss) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in loss),
+        "no_nan": not nan_keys,
+    }
+    if n_gpus > 1:
+        checks["ranks_identical"] = (len(rank_rows) >= len(trained) > 0
+                                     and all(r["max_abs_diff"] == 0.0 and not r["differing_elements"] for r in rank_rows))
+    return {**checks, "passed": all(checks.values()), "nan_keys": nan_keys,
+            "rank_max_abs_diff": max((r["max_abs_diff"] for r in rank_rows), default=None),
+            "rank_check_s_mean": (sum(r["seconds"] for r in rank_rows) / len(rank_rows)) if rank_rows else None}
 
 
 def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -639,7 +753,7 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
     out.mkdir(parents=True, exist_ok=True)
-    paths, data_info, model_info = prepare_inputs(recipe)
+    paths, data_info, model_info = prepare_inputs_isolated(recipe) if gpu_count() else prepare_inputs(recipe)
     overrides = render_overrides(recipe, paths, out)
     preflight = preflight_findings(recipe, overrides)
     verify = verify_subprocess(recipe, overrides, out)
@@ -661,7 +775,12 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
     }
     if launched:
         result = launch_verl(recipe, overrides, out)
-        metrics.update(steps=result["steps"], summary=summarize(result["steps"]), launch=result)
+        steps = result.pop("steps")
+        summary = summarize(steps)
+        if result["gpu_memory"]:
+            summary["gpu_peak_used_gib"] = result["gpu_memory"]["peak_used_gib"]
+        metrics.update(steps=steps, summary=summary, launch=result,
+                       sanity=sanity(steps, result["rank_identity"], recipe.n_gpus) if training_steps(steps) else None)
     metrics["arms"] = [arm_row(arm_name(metrics["recipe"]), metrics)]
     return metrics
 
@@ -717,6 +836,36 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
+# the seed's arc of arms (issue 9): cumulative, same seed and data; each is a set of recipe fields
+
+_FIXES = ["offload_views", "no_shard"]
+_HOST = {"optimizer": "HostAdamW", "optimizer_offload": False}
+ARMS: dict[str, dict[str, Any]] = {
+    # Step 0: verl 0.9.1 as shipped; on a 48 GB card vLLM refuses to start (the offload freed nothing).
+    "0-stock": {"patches": [], "optimizer": "AdamW", "optimizer_offload": True, "host_pin_memory": True,
+                "host_rank0_owner": False, "expect_failure": True},
+    # Steps 1-2: offload views + NO_SHARD fixes, the AdamW step on the host (pageable staging): first working run.
+    "1-fixes-hostadamw": {"patches": _FIXES, **_HOST, "host_pin_memory": False, "host_rank0_owner": False},
+    # Step 3: skip the on-policy old_log_prob pass.
+    "2-skip-old-logprob": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": False,
+                           "host_rank0_owner": False},
+    # Step 4: pinned, reused staging buffers.
+    "3-pinned": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": True, "host_rank0_owner": False},
+    # Step 5: rank 0 owns the optimizer and broadcasts the fp32 master.
+    "4-rank0-owner": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": True,
+                      "host_rank0_owner": True},
+}
+# Step 6 (master on host + cast-once) is not an arm here: those patches are not wired into verl's engine
+# (GRPORecipe refuses them); notebook 03 measures them in rlkit's update-phase harness.
+
+
+def arm_values(name: str) -> dict[str, Any]:
+    if name not in ARMS:
+        raise P.ParamError(f"unknown arm {name!r}. Fix: choose from {list(ARMS)}")
+    return dict(ARMS[name])
+
+
+# ----------------------------------------------------------------------------------------------
 # command line
 
 
@@ -724,6 +873,8 @@ def _recipe_from_cli(ns) -> GRPORecipe:
     from rlkit.results import load_profile, parse_overrides
 
     values = load_profile(NOTEBOOK, ns.profile)
+    if getattr(ns, "arm", None):
+        values.update(arm_values(ns.arm))
     values.update(parse_overrides(ns.param))
     values.pop("results_dir", None)
     return P.build(GRPORecipe, values, where=f"parameters of {NOTEBOOK}")
@@ -737,8 +888,10 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_)
         p.add_argument("--profile", default="tiny", help=f"nbs/params/{NOTEBOOK}.<profile>.yaml or a YAML path")
         p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--arm", default=None, choices=list(ARMS), help="one of the seed's arms (its fields, "
+                       "then -p overrides, go over the profile)")
         if name == "launch":
-            p.add_argument("--tag", default=None, help="results folder name (default: the profile)")
+            p.add_argument("--tag", default=None, help="results folder name (default: the arm, else the profile)")
             p.add_argument("--out", default=None, help="results root (default: outputs/)")
     p = sub.add_parser("parse", help="per-step metrics of a verl console log, as JSON")
     p.add_argument("log")
@@ -757,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         recipe = _recipe_from_cli(ns)
-    except P.ParamError as err:
+    except (P.ParamError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if ns.action == "render":
@@ -765,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlkit.results import ResultsFolder
 
-    folder = ResultsFolder.create(NOTEBOOK, ns.tag or Path(ns.profile).stem.split(".")[-1], root=ns.out)
+    folder = ResultsFolder.create(NOTEBOOK, ns.tag or ns.arm or Path(ns.profile).stem.split(".")[-1], root=ns.out)
     with folder.writing() as work_dir:
         folder.write_params(P.as_dict(recipe))
         folder.write_env()

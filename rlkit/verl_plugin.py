@@ -26,6 +26,10 @@ from pathlib import Path
 
 PATCHES_ENV = "RLKIT_PATCHES"
 RECORD_DIR_ENV = "RLKIT_RECORD_DIR"
+# Measurement aids, not optimizations (they change no computation): the emulated card size in GiB
+# (rlkit.emulate_card) and the after-step rank-identity check (rlkit.patches.rank_identity).
+EMULATE_ENV = "RLKIT_EMULATE_GPU_GIB"
+RANK_CHECK_ENV = "RLKIT_CHECK_RANK_IDENTITY"
 _VERSIONED = ("torch", "verl", "transformers", "vllm", "ray", "rlkit")
 
 
@@ -88,6 +92,22 @@ def _base_record(requested: list[str]) -> dict:
     }
 
 
+def _instruments(environ) -> dict:
+    """Install the measurement aids the environment asks for; returns what was installed."""
+    from rlkit import emulate_card
+
+    out = {}
+    gib = emulate_card.requested_gib(environ)
+    if gib:
+        out["emulated_card"] = emulate_card.install(gib)
+    if environ.get(RANK_CHECK_ENV, "").strip() in ("1", "true", "True"):
+        from rlkit.patches import rank_identity
+
+        rank_identity.PATCH.apply()
+        out["rank_identity"] = True
+    return out
+
+
 def activate(environ=os.environ) -> list[str]:
     """Apply the patches named in ``RLKIT_PATCHES``; record and fail loudly on any error."""
     requested = requested_patches(environ)
@@ -101,6 +121,7 @@ def activate(environ=os.environ) -> list[str]:
                                      f"{sorted(patches.VERL_READY)}")
         applied = patches.apply(requested)
         record.update(applied=applied, active=patches.active(), error=None)
+        record.update(instruments=_instruments(environ))
     except BaseException as err:
         record.update(applied=[], active=[], error=f"{type(err).__name__}: {err}",
                       traceback=traceback.format_exc())

@@ -33,7 +33,7 @@ def _wheel(path, name="rlkitbundletoy", version="1.0"):
         record.append(f"{fname},sha256={digest},{len(data)}")
     record.append(f"{name}-{version}.dist-info/RECORD,,")
     wheel = path / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:  # as real wheels are (pack re-stores them)
         for fname, data in files.items():
             zf.writestr(fname, data)
         zf.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
@@ -44,8 +44,9 @@ def _wheel(path, name="rlkitbundletoy", version="1.0"):
 def test_pack_split_join_install_round_trip(tmp_path, compress):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _wheel(wheels)
-    manifest = B.pack(wheels, tmp_path / "parts", split_mib=1, compress=compress)
+    wheel = _wheel(wheels)
+    (wheels / "stale-0.1-py3-none-any.whl").write_bytes(b"not in the plan: pack must not see it")
+    manifest = B.pack([wheel], tmp_path / "parts", split_mib=1, compress=compress)
     assert manifest["wheels"] == ["rlkitbundletoy-1.0-py3-none-any.whl"]
     target = tmp_path / "site"
     assert B.install(tmp_path / "parts", target) == manifest["wheels"]
@@ -60,7 +61,7 @@ def test_parts_are_split_at_the_limit_and_corruption_is_caught(tmp_path):
     wheel = _wheel(wheels)
     with zipfile.ZipFile(wheel, "a") as zf:  # make the archive larger than one 1 MiB part
         zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
-    manifest = B.pack(wheels, tmp_path / "parts", split_mib=1, compress=False)
+    manifest = B.pack([wheel], tmp_path / "parts", split_mib=1, compress=False)
     assert len(manifest["parts"]) == 2 and manifest["parts"][0]["bytes"] == 2**20
     part = tmp_path / "parts" / manifest["parts"][1]["name"]
     part.write_bytes(part.read_bytes()[:-1] + b"X")

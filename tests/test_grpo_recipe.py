@@ -207,3 +207,44 @@ def test_cli_render(capsys):
 def test_patches_not_wired_into_verl_are_refused_with_the_fix(name):
     with pytest.raises(P.ParamError, match=rf"GRPORecipe.patches: \['{name}'\] are not wired into verl"):
         grpo.GRPORecipe(patches=("offload_views", name))
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("arm", list(grpo.ARMS))
+def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
+    values = {**load_profile(grpo.NOTEBOOK, "h200"), **grpo.arm_values(arm)}
+    r = P.build(grpo.GRPORecipe, values, where=arm)
+    config = grpo.compose_verl_config(grpo.render_overrides(r))
+    optim = config.actor_rollout_ref.actor.optim
+    if r.optimizer == "HostAdamW":
+        assert optim.optimizer_impl == "rlkit.optim" and not config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
+        assert dict(optim.override_optimizer_config) == {"pin_memory": r.host_pin_memory,
+                                                         "rank0_owner": r.host_rank0_owner}
+    else:
+        assert optim.override_optimizer_config is None
+    env = grpo.launch_env(r, "/tmp/records", base={})
+    assert env["RLKIT_EMULATE_GPU_GIB"] == "47.4" and env["RLKIT_CHECK_RANK_IDENTITY"] == "1"
+
+
+def test_arms_are_cumulative_in_the_seeds_order():
+    names = list(grpo.ARMS)
+    assert names[0] == "0-stock" and grpo.ARMS["0-stock"]["expect_failure"]
+    for before, after in zip(names[1:], names[2:]):
+        assert set(grpo.ARMS[before]["patches"]) <= set(grpo.ARMS[after]["patches"])
+    with pytest.raises(P.ParamError, match="unknown arm"):
+        grpo.arm_values("9-nothing")
+
+
+def test_sanity_bar_fails_on_nan_zero_grad_or_differing_ranks():
+    ok_steps = [{"step": i, "timing_s/step": 1.0, "actor/grad_norm": 0.05, "actor/pg_loss": -0.01} for i in (1, 2, 3)]
+    same = [{"optimizer_step": i, "max_abs_diff": 0.0, "differing_elements": 0, "seconds": 0.1} for i in (1, 2, 3)]
+    assert grpo.sanity(ok_steps, same, n_gpus=2)["passed"]
+    zero = [dict(s, **{"actor/grad_norm": 0.0}) for s in ok_steps]
+    assert not grpo.sanity(zero, same, n_gpus=2)["grad_norm_finite_nonzero"]
+    nan = [dict(s, **{"actor/pg_loss": float("nan")}) for s in ok_steps]
+    result = grpo.sanity(nan, same, n_gpus=2)
+    assert not result["pg_loss_finite"] and result["nan_keys"] == ["actor/pg_loss"] and not result["passed"]
+    drift = [dict(r, max_abs_diff=3e-8, differing_elements=5) for r in same]
+    assert not grpo.sanity(ok_steps, drift, n_gpus=2)["ranks_identical"]
+    assert not grpo.sanity(ok_steps, same[:1], n_gpus=2)["ranks_identical"]  # a step without a check fails too
+    assert "ranks_identical" not in grpo.sanity(ok_steps, [], n_gpus=1)

@@ -351,4 +351,36 @@ def test_isolated_input_preparation_matches_in_process():
     from rlkit import grpo
 
     recipe = U.build_recipe(config(), 0.2, 139.8)
-    assert U.prepare_inputs_isolated(recipe) == grpo.prepare_inputs(recipe)
+    assert grpo.prepare_inputs_isolated(recipe) == grpo.prepare_inputs(recipe)
+
+
+def _replayed_recipe_launch(tmp_path, monkeypatch, section: str, exit_code: int, **changes):
+    """rlkit.grpo.launch_verl with the verl job replaced by the fixture replay (plumbing only)."""
+    import sys
+
+    from rlkit import grpo, measure
+
+    log = tmp_path / "section.log"
+    log.write_text(sections()[section])
+    monkeypatch.setattr(grpo, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), "0", str(exit_code)])
+    monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
+    monkeypatch.setattr(grpo, "gpu_count", lambda: 1)
+    recipe = grpo.GRPORecipe(model="tiny", n_gpus=1, steps=2, timeout_s=30, **changes)
+    return grpo.launch_verl(recipe, ["x=1"], tmp_path)
+
+
+def test_recipe_launch_records_the_expected_stock_failure(tmp_path, monkeypatch):
+    result = _replayed_recipe_launch(tmp_path, monkeypatch, "vllm_refuses", exit_code=1, expect_failure=True)
+    assert result["failure"]["kind"] == "vllm_startup" and result["returncode"] == 1
+    assert result["gpu_memory"]["peak_used_gib"] == [2.0] and result["gpu_memory"]["timeline"]
+
+
+def test_recipe_launch_without_expect_failure_raises_on_the_same_log(tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match="verl exited with 1"):
+        _replayed_recipe_launch(tmp_path, monkeypatch, "vllm_refuses", exit_code=1)
+
+
+def test_recipe_launch_success_reads_steps_and_records(tmp_path, monkeypatch):
+    result = _replayed_recipe_launch(tmp_path, monkeypatch, "run_ok", exit_code=0)
+    assert len(result["steps"]) >= 2 and result["failure"] is None and result["rank_identity"] == []
+    assert len(result["plugin_records"]) == 1

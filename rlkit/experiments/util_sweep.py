@@ -31,7 +31,6 @@ validation, the planner); the measured side says "no GPU: not measured". Nothing
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -745,28 +744,6 @@ def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, An
     }
 
 
-_PREPARE_CHILD = """
-import json, sys
-from rlkit import grpo, params
-recipe = params.build(grpo.GRPORecipe, json.loads(sys.argv[1]))
-paths, data_info, model_info = grpo.prepare_inputs(recipe)
-print(json.dumps([paths.model, paths.train_file, data_info, model_info], default=str))
-"""
-
-
-def prepare_inputs_isolated(recipe):
-    """:func:`rlkit.grpo.prepare_inputs` in a child process: building a random-init model uses the GPU when
-    there is one, and this process (the sampler's, for the whole job) must hold no CUDA memory."""
-    from rlkit.grpo import Paths
-
-    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(P.as_dict(recipe))], check=False,
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"preparing the inputs failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    model, train_file, data_info, model_info = json.loads(done.stdout.strip().splitlines()[-1])
-    return Paths(model=model, train_file=train_file), data_info, model_info
-
-
 def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """One point of the sweep; returns ``metrics.json`` content (keys: :data:`METRICS_KEYS`)."""
     from rlkit import grpo
@@ -778,7 +755,7 @@ def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]
     emulation = emulation_info(cfg, total, total_source)
     recipe = build_recipe(cfg, emulation["vllm_gpu_memory_utilization"], total)
     have = grpo.gpu_count()
-    paths, data_info, model_info = prepare_inputs_isolated(recipe) if have else grpo.prepare_inputs(recipe)
+    paths, data_info, model_info = grpo.prepare_inputs_isolated(recipe) if have else grpo.prepare_inputs(recipe)
     overrides = grpo.render_overrides(recipe, paths, out)
     preflight = grpo.preflight_findings(recipe, overrides)
     verify = grpo.verify_subprocess(recipe, overrides, out)
