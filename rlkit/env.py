@@ -46,22 +46,35 @@ def git_sha(root: Path = REPO_ROOT) -> str | None:
 
 
 def gpus() -> list[dict]:
-    """Name and memory of each visible CUDA device ([] without CUDA)."""
+    """Name and memory of each visible CUDA device ([] without CUDA).
+
+    Creates no CUDA context: free memory comes from NVML / nvidia-smi (device-wide), because a context
+    made here (~0.5 GiB per GPU) would stay for the life of a launcher that measures a job beside it.
+    """
     try:
         import torch
     except ImportError:
         return []
     if not torch.cuda.is_available():
         return []
+    from rlkit.measure import GpuSamplerUnavailable, gpu_memory_reader
+
+    used = None
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):  # NVML indices are physical; torch's follow that variable
+        try:
+            used = gpu_memory_reader()[0]()
+        except GpuSamplerUnavailable:
+            pass
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        free, total = torch.cuda.mem_get_info(i)
+        total = props.total_memory / 2**30
+        free = total - used[i] if used is not None and i < len(used) else None
         out.append({
             "index": i,
             "name": props.name,
-            "total_gib": round(total / 2**30, 3),
-            "free_gib": round(free / 2**30, 3),
+            "total_gib": round(total, 3),
+            "free_gib": round(free, 3) if free is not None else None,
             "capability": f"{props.major}.{props.minor}",
         })
     return out

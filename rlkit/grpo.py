@@ -115,10 +115,11 @@ class GRPORecipe:
     check_rank_identity: bool = True   # after each optimizer step, record max |weights - rank 0's| (n_gpus > 1)
     launch: Literal["auto", "always", "never"] = "auto"  # auto: launch verl when n_gpus CUDA GPUs exist
     expect_failure: bool = False       # the stock arm: a memory failure of verl is the recorded result
+    verify_before_launch: bool = True  # false: skip the separate verl config check (~25 s) when launching
     timeout_s: int = 3600
 
     def __post_init__(self) -> None:
-        from rlkit.patches import KNOWN_PATCHES, VERL_READY
+        from rlkit.patches import KNOWN_PATCHES
 
         def bad(key: str, why: str, fix: str) -> None:
             raise P.ParamError(f"GRPORecipe.{key}: {why}. Fix: {fix}")
@@ -144,11 +145,10 @@ class GRPORecipe:
             bad("patches", f"unknown {unknown}", f"choose from {list(KNOWN_PATCHES)}")
         if len(set(self.patches)) != len(self.patches):
             bad("patches", f"{list(self.patches)} repeats a name", "list each patch once")
-        not_wired = [p for p in self.patches if p not in VERL_READY]
-        if not_wired:
-            bad("patches", f"{not_wired} are not wired into verl's engine yet (the fp32 master must be parked and "
-                "unparked around verl's offload, state_dict and weight sync); they are measured in the "
-                "update-phase harness, notebook 03", f"leave them out of the recipe: use {sorted(VERL_READY)}")
+        if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):
+            bad("patches", "master_on_host keeps the fp32 master on the host through the update: it needs param_offload "
+                "(the masters it adopts) and HostAdamW (which steps them in place there)",
+                "set optimizer: HostAdamW, optimizer_offload: false and param_offload: true, or drop master_on_host")
         if self.optimizer != "HostAdamW" and self.host_rank0_owner:
             bad("host_rank0_owner", "is a HostAdamW option but optimizer is AdamW", "set optimizer: HostAdamW or "
                 "host_rank0_owner: false")
@@ -520,17 +520,42 @@ def describe(metrics: dict[str, Any]) -> str:
         f"({metrics['data'].get('duplicates_removed', 0)} duplicates removed), {recipe['train_batch_size']} prompts x "
         f"{recipe['rollout_n']} samples per step, reward {metrics['reward']}, patches "
         f"{', '.join(recipe['patches']) or 'none'}."),
-        (f"verl's own config accepted the {len(metrics['overrides'])} overrides (sections validated: "
-        f"{', '.join(verify.get('validated_sections', []))}); the plugin applied "
-        f"{verify.get('active_patches')} in {len(verify.get('plugin_records', []))} verl process(es)."),
     ]
+    if verify.get("skipped"):
+        lines.append(f"Config check before the launch skipped: {verify['skipped']}.")
+    else:
+        lines.append(f"verl's own config accepted the {len(metrics['overrides'])} overrides (sections validated: "
+                     f"{', '.join(verify.get('validated_sections', []))}); the plugin applied "
+                     f"{verify.get('active_patches')} in {len(verify.get('plugin_records', []))} verl process(es).")
     preflight = metrics.get("preflight", {})
     if preflight.get("available"):
         severities = [f["severity"] for f in preflight["findings"] + preflight["planner"]]
         lines.append(f"Preflight: {severities.count('error')} error(s), {severities.count('warning')} warning(s); "
                      f"planner: {'; '.join(f['message'] for f in preflight['planner']) or 'no verdict'}.")
+    launch = metrics.get("launch") or {}
+    if metrics.get("launched"):
+        lines.append(f"Outcome: {outcome(metrics)}." + (f" verl: {launch['failure']['line'][:420]}"
+                                                          if launch.get("failure") else ""))
+        if launch.get("collected"):
+            lines.append(f"Metrics collected after the run from {launch['collected']['from']}: "
+                         f"{launch['collected']['note']}.")
+    emulated = recipe.get("emulate_gpu_gib")
+    if emulated:
+        lines.append(f"Card emulated: every verl process saw a {emulated:g} GiB card (torch.cuda.mem_get_info) and "
+                     f"its allocator was capped at {emulated:g} GiB; vLLM reserved "
+                     f"{recipe['gpu_memory_utilization']:g} x {emulated:g} GiB.")
+    check = metrics.get("sanity")
+    if check:
+        rank = (f"; ranks' weights after each step: max abs diff {check['rank_max_abs_diff']} "
+                f"(check {check['rank_check_s_mean']:.2f} s/step)" if "ranks_identical" in check else "")
+        lines.append(f"Sanity bar {'passed' if check['passed'] else 'FAILED'}: grad_norm finite and non-zero "
+                     f"{check['grad_norm_finite_nonzero']}, pg_loss finite {check['pg_loss_finite']}, no NaN "
+                     f"{check['no_nan']}{rank}.")
     summary = metrics.get("summary") or {}
-    if summary:
+    if summary.get("gpu_peak_used_gib"):
+        lines.append(f"Device-wide peak per GPU (all processes, 1 Hz samples): "
+                     f"{', '.join(f'{g:.2f}' for g in summary['gpu_peak_used_gib'])} GiB.")
+    if summary.get("steps_averaged"):
         lines.append(
             f"Measured over steps {summary['steps_averaged']}: step {summary['step_s']:.1f} s (gen "
             f"{summary['gen_s'] or 0:.1f} s, old_log_prob {summary['old_log_prob_s'] or 0:.1f} s, update_actor "
@@ -538,7 +563,7 @@ def describe(metrics: dict[str, Any]) -> str:
             f"grad_norm {summary['grad_norm']}, actor peak allocated {summary['actor_max_allocated_gib']} GiB, "
             f"{summary['throughput_tok_s_per_gpu'] or 0:.0f} tokens/s/GPU."
         )
-    else:
+    elif not metrics.get("launched"):
         lines.append(f"No training steps: {metrics.get('launch_reason')}")
     return "\n".join(lines)
 
@@ -646,19 +671,36 @@ def launch_decision(recipe: GRPORecipe) -> tuple[bool, str]:
                    f"(python -m rlkit.grpo launch --profile h200)")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop verl and everything it started (Ray, vLLM workers): they share the launched session."""
+def session_members(sid: int) -> list[int]:
+    """PIDs of the processes in session ``sid`` (Linux /proc; [] elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:  # after the command name: state, ppid, pgrp, session
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _stop_session(proc: subprocess.Popen) -> None:
+    """Stop verl and everything it started in its session (Ray's daemons and workers, vLLM workers): the
+    next launch must find the GPUs idle. SIGTERM to the group first, then SIGKILL to whatever is left."""
     import signal
 
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    for pid in session_members(proc.pid):
         try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
 
 
 def _start_sampler():
@@ -676,9 +718,9 @@ def _start_sampler():
 
 def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict[str, Any]:
     """Run verl's trainer to completion beside the GPU sampler; parse its console metrics; check every
-    process's plugin record and the ranks' weights. With ``expect_failure`` a memory failure (how stock
-    verl fails, seed Step 0) is the result instead of an error."""
-    from rlkit.experiments.util_sweep import find_failure
+    process's plugin record and the ranks' weights. A memory failure (an OOM, vLLM refusing to start:
+    how an arm fails on the emulated card) is returned as the result, in ``failure``; any other failure
+    raises. ``recipe.expect_failure`` says whether the arm was expected to fail (the stock arm)."""
     from rlkit.patches import rank_identity
 
     record_dir = out_dir / "plugin_records"
@@ -696,8 +738,7 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
         except subprocess.TimeoutExpired:
             returncode = "timeout"
         finally:
-            if proc.poll() is None or returncode != 0:
-                _kill_group(proc)
+            _stop_session(proc)
     wall = time.time() - start
     gpu_memory = None
     if sampler is not None:
@@ -706,12 +747,12 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
                                                          for t, used in sampler.samples]}
     text = log_path.read_text(errors="replace")
     steps = parse_console_metrics(text)
-    failure = find_failure(text)
+    failure = find_failure_in_log(text)
     result = {"steps": steps, "wall_s": wall, "returncode": returncode, "log_path": str(log_path),
               "failure": failure, "gpu_memory": gpu_memory,
               "rank_identity": rank_identity.read_records(record_dir)}
     if returncode != 0 or len(training_steps(steps)) < recipe.steps:
-        if recipe.expect_failure and failure is not None:
+        if failure is not None:  # an OOM / vLLM refusal is what this arm does on this card: a result
             result["plugin_records"] = read_plugin_records(record_dir)
             return result
         tail = "\n".join(text.splitlines()[-40:])
@@ -756,8 +797,12 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
     paths, data_info, model_info = prepare_inputs_isolated(recipe) if gpu_count() else prepare_inputs(recipe)
     overrides = render_overrides(recipe, paths, out)
     preflight = preflight_findings(recipe, overrides)
-    verify = verify_subprocess(recipe, overrides, out)
     launched, reason = launch_decision(recipe)
+    if launched and not recipe.verify_before_launch:
+        verify = {"skipped": "verify_before_launch is false: verl validates the same overrides at start-up and "
+                             "every verl process's plugin record is checked after the run"}
+    else:
+        verify = verify_subprocess(recipe, overrides, out)
     print(reason)
     metrics: dict[str, Any] = {
         "recipe": P.as_dict(recipe),
@@ -774,19 +819,101 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
         "summary": {},
     }
     if launched:
-        result = launch_verl(recipe, overrides, out)
-        steps = result.pop("steps")
-        summary = summarize(steps)
-        if result["gpu_memory"]:
-            summary["gpu_peak_used_gib"] = result["gpu_memory"]["peak_used_gib"]
-        metrics.update(steps=steps, summary=summary, launch=result,
-                       sanity=sanity(steps, result["rank_identity"], recipe.n_gpus) if training_steps(steps) else None)
+        add_launch_result(metrics, recipe, launch_verl(recipe, overrides, out))
     metrics["arms"] = [arm_row(arm_name(metrics["recipe"]), metrics)]
     return metrics
 
 
+def add_launch_result(metrics: dict[str, Any], recipe: GRPORecipe, result: dict[str, Any]) -> None:
+    """Steps, summary, sanity bar and outcome of a verl launch, into ``metrics``."""
+    steps = result.pop("steps")
+    summary = summarize(steps)
+    if result.get("gpu_memory"):
+        summary["gpu_peak_used_gib"] = result["gpu_memory"]["peak_used_gib"]
+    metrics.update(steps=steps, summary=summary, launch=result,
+                   sanity=sanity(steps, result.get("rank_identity", []), recipe.n_gpus) if training_steps(steps) else None)
+
+
+def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
+    """``metrics.json`` content for a run folder whose launcher did not finish (killed by a time limit, say),
+    from what the run left: params.yaml, overrides.json, verify_result.json, verl.log, plugin records.
+
+    Everything is recomputed from those files by the same code as :func:`run`; what only the launcher knew
+    (its exit code, wall time, the GPU sampler's timeline) is absent and ``launch.collected`` says so.
+    """
+    import yaml
+
+    from rlkit.patches import rank_identity
+
+    run_dir = Path(run_dir)
+    missing = [n for n in ("params.yaml", "overrides.json", "verl.log") if not (run_dir / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{run_dir} lacks {missing}: not a run folder of `rlkit grpo launch`")
+    recipe = P.build(GRPORecipe, yaml.safe_load((run_dir / "params.yaml").read_text()), where=str(run_dir / "params.yaml"))
+    overrides = json.loads((run_dir / "overrides.json").read_text())
+    verify_path = run_dir / "verify_result.json"
+    text = (run_dir / "verl.log").read_text(errors="replace")
+    record_dir = run_dir / "plugin_records"
+    paths = default_paths(recipe)
+    metrics: dict[str, Any] = {
+        "recipe": P.as_dict(recipe),
+        "reward": recipe.resolved_reward,
+        "data": {"source": recipe.data, "path": paths.train_file, "rows": recipe.data_rows},
+        "model": {"path": paths.model, "preset": recipe.model if recipe.random_init else None},
+        "overrides": overrides,
+        "command": shell_command(recipe, overrides),
+        "preflight": _preflight_with_local_model(recipe, overrides, paths.model),
+        "verify": ({**json.loads(verify_path.read_text()),
+                    "plugin_records": read_plugin_records(run_dir / "plugin_records_verify")}
+                   if verify_path.exists() else {}),
+        "launched": True,
+        "launch_reason": f"collected from {run_dir.name} after the run: {note}",
+    }
+    result = {"steps": parse_console_metrics(text), "failure": find_failure_in_log(text), "gpu_memory": None,
+              "rank_identity": rank_identity.read_records(record_dir), "plugin_records": read_plugin_records(record_dir),
+              "collected": {"from": run_dir.name, "note": note}}
+    add_launch_result(metrics, recipe, result)
+    metrics["arms"] = [arm_row(arm_name(metrics["recipe"]), metrics)]
+    return metrics
+
+
+def _preflight_with_local_model(recipe: GRPORecipe, overrides: list[str], model_path: str) -> dict[str, Any]:
+    """Preflight of a collected run: a random-init model's directory (written on the node) is stood in for by
+    its preset's config.json, which is all the planner reads."""
+    import tempfile
+
+    if not recipe.random_init or (Path(model_path) / "config.json").exists():
+        return preflight_findings(recipe, overrides)
+    from rlkit import models
+
+    with tempfile.TemporaryDirectory() as tmp:
+        models.preset_config(recipe.model).to_json_file(str(Path(tmp) / "config.json"))
+        local = [o.replace(model_path, tmp) if o.startswith("actor_rollout_ref.model.path=") else o for o in overrides]
+        found = preflight_findings(recipe, local)
+    return json.loads(json.dumps(found).replace(tmp, model_path))
+
+
+def outcome(metrics: dict[str, Any]) -> str:
+    """What a run did, in a few words: trained, or how it failed."""
+    if not metrics.get("launched"):
+        return "not launched"
+    recipe, launch = metrics.get("recipe", {}), metrics.get("launch", {})
+    failure, trained = launch.get("failure"), len(training_steps(metrics.get("steps", [])))
+    if failure is not None:
+        return f"{failure['kind']} in {failure['phase']}" + (" (expected)" if recipe.get("expect_failure") else "")
+    if trained < recipe.get("steps", 0):
+        return f"stopped after {trained}/{recipe['steps']} steps"
+    return "trained" + (" (a failure was expected)" if recipe.get("expect_failure") else "")
+
+
+def find_failure_in_log(text: str) -> dict[str, Any] | None:
+    from rlkit.experiments.util_sweep import find_failure
+
+    return find_failure(text)
+
+
 METRICS_KEYS = ("recipe", "reward", "data", "model", "overrides", "command", "preflight", "verify",
-                "launched", "launch_reason", "steps", "summary", "arms")
+                "launched", "launch_reason", "steps", "summary", "arms")  # launched runs add launch, outcome, sanity
 
 
 def arm_name(recipe: dict[str, Any]) -> str:
@@ -806,6 +933,8 @@ def arm_row(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
         "optimizer_offload": recipe.get("optimizer_offload"),
         "gpu_memory_utilization": recipe.get("gpu_memory_utilization"),
         "launched": metrics.get("launched"),
+        "outcome": outcome(metrics),
+        "sanity_passed": (metrics.get("sanity") or {}).get("passed"),
         "steps": len(training_steps(metrics.get("steps", []))),
     }
     row.update({k: v for k, v in metrics.get("summary", {}).items() if k != "steps_averaged"})
@@ -830,6 +959,9 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
     if not arms:
         raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
     loaded = {p.name: read_metrics(p) for p in arms}
+    if any(m.get("launched") for m in loaded.values()):  # CPU smoke runs beside measured arms are not arms
+        loaded = {name: m for name, m in loaded.items() if m.get("launched")}
+    arms = [p for p in arms if p.name in loaded]
     first = dict(loaded[arms[0].name])
     first["arms"] = [arm_row(name, m) for name, m in loaded.items()]
     return first
@@ -854,9 +986,10 @@ ARMS: dict[str, dict[str, Any]] = {
     # Step 5: rank 0 owns the optimizer and broadcasts the fp32 master.
     "4-rank0-owner": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": True,
                       "host_rank0_owner": True},
+    # Step 6: the fp32 master stays on the host through the update, its bf16 copy cast once per step.
+    "5-master-on-host-cast-once": {"patches": [*_FIXES, "skip_old_logprob", "master_on_host", "cast_once"], **_HOST,
+                                   "host_pin_memory": True, "host_rank0_owner": True},
 }
-# Step 6 (master on host + cast-once) is not an arm here: those patches are not wired into verl's engine
-# (GRPORecipe refuses them); notebook 03 measures them in rlkit's update-phase harness.
 
 
 def arm_values(name: str) -> dict[str, Any]:
@@ -893,6 +1026,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "launch":
             p.add_argument("--tag", default=None, help="results folder name (default: the arm, else the profile)")
             p.add_argument("--out", default=None, help="results root (default: outputs/)")
+    p = sub.add_parser("collect", help="metrics of a run folder whose launcher was stopped (a time limit), "
+                       "into outputs/<notebook>/<tag>/")
+    p.add_argument("run_dir")
+    p.add_argument("--tag", required=True)
+    p.add_argument("--note", required=True, help="why the launcher did not finish (kept in metrics.json)")
+    p.add_argument("--out", default=None, help="results root (default: outputs/)")
     p = sub.add_parser("parse", help="per-step metrics of a verl console log, as JSON")
     p.add_argument("log")
     p = sub.add_parser("verify", help=argparse.SUPPRESS)
@@ -903,6 +1042,22 @@ def main(argv: list[str] | None = None) -> int:
     if ns.action == "parse":
         steps = parse_console_metrics(Path(ns.log).read_text(errors="replace"))
         print(json.dumps({"steps": steps, "summary": summarize(steps)}, indent=1))
+        return 0
+    if ns.action == "collect":
+        import shutil
+
+        from rlkit.results import ResultsFolder
+
+        metrics = collect(ns.run_dir, ns.note)
+        folder = ResultsFolder.create(NOTEBOOK, ns.tag, root=ns.out)
+        with folder.writing() as work_dir:
+            for item in Path(ns.run_dir).iterdir():
+                # the launcher's own error, if it wrote one, is kept under a name that does not mark the folder failed
+                name = {"FAILED.txt": "launcher_error.txt"}.get(item.name, item.name)
+                if item.name != "metrics.json":
+                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, work_dir / name)
+            folder.write_metrics(metrics)
+        print(f"results: {folder.path} ({outcome(metrics)})")
         return 0
     if ns.action == "verify":
         result = verify_in_verl(json.loads(Path(ns.overrides).read_text()))

@@ -89,6 +89,44 @@ def skip_section(m: dict) -> list[str]:
             f"({t['skipped_over_unskipped']:.4%} of it)."]
 
 
+def _fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """The verl + vLLM arms of notebook 05 (one folder per arm, named after rlkit.grpo.ARMS)."""
+    from rlkit.grpo import ARMS, outcome
+
+    folder = root / "05_grpo_qwen3_4b"
+    names = sorted(p.name for p in folder.iterdir() if (p / "metrics.json").exists()
+                   and any(p.name == a or p.name.startswith(f"{a}-") for a in ARMS)) if folder.is_dir() else []
+    if not names:
+        return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
+    first = json.loads((folder / names[0] / "metrics.json").read_text())["recipe"]
+    lines = [f"**verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a {first['emulate_gpu_gib']:g} GiB "
+             f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']} + response "
+             f"{first['max_response_length']}; `outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..):", "",
+             "| arm | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | update_weights "
+             "| actor peak alloc. (GiB) | grad_norm | sanity | ranks max abs diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    complete = []
+    for name in names:
+        m = json.loads((folder / name / "metrics.json").read_text())
+        if outcome(m).startswith("trained"):
+            complete.append(name)
+        s, check = m.get("summary") or {}, m.get("sanity") or {}
+        steps = len([x for x in m.get("steps", []) if "timing_s/step" in x])
+        lines.append(f"| {name} | {m['recipe']['ppo_max_token_len_per_gpu']} | {outcome(m)} | {steps} | {_fmt(s.get('step_s'))} | "
+                     f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
+                     f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
+                     f"{_fmt(s.get('grad_norm'), '.3f')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
+                     f"{_fmt(check.get('rank_max_abs_diff'), 'g')} |")
+    if len(complete) < 2:
+        lines += ["", f"Arms that trained all their steps: {', '.join(complete) or 'none'}. The seed's arc (step time and "
+                  "peak against the first working arm) needs at least that arm and a later one: not measured yet."]
+    return lines
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -101,6 +139,7 @@ def results_block(root: Path = OUTPUTS_DIR) -> str:
             lines += [f"*{notebook}: no committed GPU results yet.*", ""]
             continue
         lines += section(metrics) + [""]
+    lines += grpo_arms_section(root) + [""]
     lines.append(END)
     return "\n".join(lines)
 

@@ -115,12 +115,14 @@ def activate(environ=os.environ) -> list[str]:
     try:
         from rlkit import patches
 
-        not_ready = [name for name in requested if name in patches.KNOWN_PATCHES and name not in patches.VERL_READY]
-        if not_ready:
-            raise patches.PatchError(f"{not_ready} are not wired into verl yet; patches usable in verl: "
-                                     f"{sorted(patches.VERL_READY)}")
         applied = patches.apply(requested)
-        record.update(applied=applied, active=patches.active(), error=None)
+        wiring = []
+        if "master_on_host" in applied:  # the FSDP-level patch alone would leave verl loading the masters
+            from rlkit.patches import master_on_host_verl
+
+            master_on_host_verl.PATCH.apply()
+            wiring.append(master_on_host_verl.PATCH.name)
+        record.update(applied=applied, active=patches.active(), wiring=wiring, error=None)
         record.update(instruments=_instruments(environ))
     except BaseException as err:
         record.update(applied=[], active=[], error=f"{type(err).__name__}: {err}",

@@ -4,7 +4,9 @@
 # Progress lines go to <root>/progress.txt; each arm's console to <root>/<arm>.console.log; results to
 # <root>/05_grpo_qwen3_4b/<arm>/ (or <arm>.failed/). Between arms every Ray / vLLM process left behind
 # is stopped and the GPUs are given time to drain: vLLM's start-up memory check and profiling read
-# device-wide free memory, so the next arm must start on idle GPUs.
+# device-wide free memory, so the next arm must start on idle GPUs. The launcher stops verl's whole
+# session (Ray, vLLM workers) itself; the launcher runs in a session of its own, which is stopped
+# by id afterwards (a name pattern would also match any shell whose command line contains it).
 set -u
 root=$1; shift
 mkdir -p "$root"
@@ -20,9 +22,12 @@ idle_gpus() {
 }
 for arm in "$@"; do
   log "arm $arm start"
-  python3 -m rlkit.grpo launch --profile h200 --arm "$arm" --out "$root" > "$root/$arm.console.log" 2>&1
-  log "arm $arm exit $?"
-  pkill -9 -f 'ray::' ; pkill -9 -f raylet ; pkill -9 -f gcs_server ; pkill -9 -f 'vllm' ; pkill -9 -f default_worker
+  setsid python3 -m rlkit.grpo launch --profile h200 --arm "$arm" --out "$root" > "$root/$arm.console.log" 2>&1 &
+  pid=$!
+  wait $pid
+  status=$?
+  log "arm $arm exit $status"
+  pkill -9 -s "$pid"   # the launch's session: verl, Ray, vLLM workers
   idle_gpus
 done
 log "all arms done"

@@ -232,3 +232,28 @@ def test_config_errors_name_the_key(override, key):
     values = {**load_profile(experiment.NOTEBOOK, "tiny"), **override}
     with pytest.raises(ParamError, match=key):
         build(experiment.Config, values)
+
+
+def test_verl_offload_cycle_adopts_the_host_masters_and_matches_the_baseline():
+    """The cycle verl's param offload runs with master_on_host wired in (rlkit.patches.master_on_host_verl):
+    masters already on the host are adopted (no copy), FSDP computes from casts of them, the host optimizer
+    steps them in place, and release leaves them where verl's offload expects them."""
+    reference = train("A", host_adamw=True)
+    patches.apply(["master_on_host", "cast_once"])
+    model = tiny_fsdp()
+    params = list(model.parameters())
+    masters = HostMasters(model)
+    optimizer = U.make_optimizer("host_pinned", params, lr=LR, weight_decay=0.1)
+    losses = []
+    for step in range(2):
+        host = [p.data.data_ptr() for p in params]
+        masters.park_offloaded()
+        assert masters.parked and [m.data_ptr() for m in masters.masters()] == host  # adopted, not copied
+        losses.append(U.run_fwd_bwd(model, batch(step, 6), 3, None))
+        masters.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        masters.release_to_host()
+        assert not masters.parked and [p.data_ptr() for p in params] == host
+    assert losses == reference["loss"]
+    for got, ref in zip(params, reference["masters"], strict=True):
+        assert torch.equal(got.detach(), ref), (got.detach() - ref).abs().max()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 from pathlib import Path
@@ -203,10 +204,13 @@ def test_cli_render(capsys):
     assert "GRPORecipe.rollout_n" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["master_on_host", "cast_once"])
-def test_patches_not_wired_into_verl_are_refused_with_the_fix(name):
-    with pytest.raises(P.ParamError, match=rf"GRPORecipe.patches: \['{name}'\] are not wired into verl"):
-        grpo.GRPORecipe(patches=("offload_views", name))
+@pytest.mark.parametrize("changes", [{"optimizer": "AdamW", "optimizer_offload": True},
+                                     {"optimizer": "HostAdamW", "optimizer_offload": False, "param_offload": False}])
+def test_master_on_host_needs_param_offload_and_host_adamw(changes):
+    with pytest.raises(P.ParamError, match=r"GRPORecipe.patches: master_on_host .* Fix: set optimizer: HostAdamW"):
+        grpo.GRPORecipe(patches=("offload_views", "master_on_host"), **changes)
+    grpo.GRPORecipe(patches=("offload_views", "master_on_host", "cast_once"), optimizer="HostAdamW",
+                    optimizer_offload=False)
 
 
 @pytest.mark.verl
@@ -229,7 +233,7 @@ def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
 def test_arms_are_cumulative_in_the_seeds_order():
     names = list(grpo.ARMS)
     assert names[0] == "0-stock" and grpo.ARMS["0-stock"]["expect_failure"]
-    for before, after in zip(names[1:], names[2:]):
+    for before, after in itertools.pairwise(names[1:]):
         assert set(grpo.ARMS[before]["patches"]) <= set(grpo.ARMS[after]["patches"])
     with pytest.raises(P.ParamError, match="unknown arm"):
         grpo.arm_values("9-nothing")
@@ -248,3 +252,23 @@ def test_sanity_bar_fails_on_nan_zero_grad_or_differing_ranks():
     assert not grpo.sanity(ok_steps, drift, n_gpus=2)["ranks_identical"]
     assert not grpo.sanity(ok_steps, same[:1], n_gpus=2)["ranks_identical"]  # a step without a check fails too
     assert "ranks_identical" not in grpo.sanity(ok_steps, [], n_gpus=1)
+
+
+def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs():
+    from rlkit.env import REPO_ROOT
+
+    run = REPO_ROOT / "outputs" / grpo.NOTEBOOK / "1-fixes-hostadamw-tok8192"
+    if not run.exists():
+        pytest.skip("no committed GPU arm")
+    committed = json.loads((run / "metrics.json").read_text())
+    again = grpo.collect(run, committed["launch"]["collected"]["note"])
+    for key in ("steps", "summary", "sanity", "overrides"):
+        assert again[key] == committed[key], key
+    # recipe fields added since the run take their defaults; every field the run had is unchanged
+    assert {k: again["recipe"][k] for k in committed["recipe"]} == committed["recipe"]
+    assert grpo.outcome(again) == "stopped after 2/3 steps" and again["sanity"]["rank_max_abs_diff"] == 0.0
+
+
+def test_collect_refuses_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="params.yaml"):
+        grpo.collect(tmp_path, "note")

@@ -34,7 +34,8 @@ def test_identical_ranks_give_zero_and_a_changed_element_is_found():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         mp.spawn(_worker, args=(os.path.join(tmp, "rdzv"), out), nprocs=2)
-        results = json.load(open(out))
+        with open(out) as f:
+            results = json.load(f)
     assert results["same"] == [0.0, 0]
     worst, differing = results["differ"]
     # The changed element, plus the NaN that is never equal to itself (a NaN must fail the bar).

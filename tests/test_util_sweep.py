@@ -375,12 +375,45 @@ def test_recipe_launch_records_the_expected_stock_failure(tmp_path, monkeypatch)
     assert result["gpu_memory"]["peak_used_gib"] == [2.0] and result["gpu_memory"]["timeline"]
 
 
-def test_recipe_launch_without_expect_failure_raises_on_the_same_log(tmp_path, monkeypatch):
+def test_recipe_launch_returns_an_unexpected_oom_as_the_arms_result(tmp_path, monkeypatch):
+    from rlkit import grpo
+
+    result = _replayed_recipe_launch(tmp_path, monkeypatch, "update_oom", exit_code=1)
+    assert result["failure"]["kind"] == "torch_oom"
+    metrics = {"launched": True, "recipe": {"steps": 2, "expect_failure": False}, "launch": result, "steps": []}
+    assert grpo.outcome(metrics).startswith("torch_oom in ") and "expected" not in grpo.outcome(metrics)
+
+
+def test_recipe_launch_raises_on_a_crash_that_is_not_a_memory_failure(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="verl exited with 1"):
-        _replayed_recipe_launch(tmp_path, monkeypatch, "vllm_refuses", exit_code=1)
+        _replayed_recipe_launch(tmp_path, monkeypatch, "run_ok", exit_code=1)
 
 
 def test_recipe_launch_success_reads_steps_and_records(tmp_path, monkeypatch):
     result = _replayed_recipe_launch(tmp_path, monkeypatch, "run_ok", exit_code=0)
     assert len(result["steps"]) >= 2 and result["failure"] is None and result["rank_identity"] == []
     assert len(result["plugin_records"]) == 1
+
+
+def test_session_members_finds_every_process_of_a_launched_session():
+    import subprocess
+    import sys
+    import time
+
+    from rlkit import grpo
+
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 10
+        while len(grpo.session_members(proc.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        members = grpo.session_members(proc.pid)
+        assert proc.pid in members and len(members) == 2
+    finally:
+        grpo._stop_session(proc)
+    deadline = time.time() + 10
+    while grpo.session_members(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert grpo.session_members(proc.pid) == []  # the grandchild went too

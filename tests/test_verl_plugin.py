@@ -54,10 +54,11 @@ def test_unknown_patch_fails_import_verl_loudly(tmp_path):
 
 
 @pytest.mark.verl
-def test_patch_not_wired_into_verl_fails_import_verl_loudly(tmp_path):
-    proc = _import_verl(tmp_path, "master_on_host")
-    assert proc.returncode != 0 and "ACTIVE=" not in proc.stdout
-    assert "not wired into verl" in proc.stderr and "master_on_host" in proc.stderr
+def test_master_on_host_in_verl_also_wires_verls_engine(tmp_path):
+    proc = _import_verl(tmp_path, "offload_views,master_on_host,cast_once")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = check_plugin_records(tmp_path, ["offload_views", "master_on_host", "cast_once"])
+    assert record["wiring"] == ["master_on_host_verl"]
 
 
 def test_missing_records_are_an_error(tmp_path):

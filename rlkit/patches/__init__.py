@@ -26,12 +26,6 @@ KNOWN_PATCHES: dict[str, str] = {
 }
 
 
-# Patches whose hooks into verl 0.9.1 exist and are tested. master_on_host and cast_once run in rlkit's
-# own update-phase harness only: in verl the fp32 master would also have to be parked and unparked
-# around verl's offload, state_dict and weight sync, which is not wired yet.
-VERL_READY = frozenset({"offload_views", "no_shard", "skip_old_logprob"})
-
-
 class PatchError(RuntimeError):
     """A patch cannot be applied here (wrong library version, missing target, unknown name)."""
 

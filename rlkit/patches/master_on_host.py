@@ -139,6 +139,45 @@ class HostMasters:
             flat_param._local_shard = device_master
             flat_param.data = device_master
 
+    def park_offloaded(self) -> None:
+        """Park masters that already live on the host (verl's param offload between phases): adopt each
+        flat parameter's host fp32 tensor as its master and give FSDP a freed device placeholder. Nothing
+        is copied: the fp32 master never goes to the device, only FSDP's casts read it from the host."""
+        import torch
+        from torch.distributed.utils import _free_storage
+
+        for handle in self.handles:
+            if is_parked(handle):
+                continue
+            _check_idle(handle)
+            flat_param = handle.flat_param
+            host = flat_param.data
+            if host.device.type != "cpu":
+                raise RuntimeError("park_offloaded needs the flat parameters on the host (param offload); "
+                                   f"found one on {host.device}: use park() for a model on the device")
+            placeholder = torch.empty(host.shape, dtype=host.dtype, device=handle.device)
+            _free_storage(placeholder)
+            self._host[id(handle)] = host
+            setattr(handle, PLACEHOLDER, placeholder)
+            flat_param._local_shard = host
+            flat_param.data = placeholder
+
+    def release_to_host(self) -> None:
+        """Leave the parked state with every master on the host, the layout verl's param offload leaves
+        (``data`` and ``_local_shard`` both the host tensor); its offload then has nothing to move."""
+        for handle in self.handles:
+            if not is_parked(handle):
+                continue
+            _check_idle(handle)
+            host = self._host.pop(id(handle))
+            setattr(handle, PLACEHOLDER, None)
+            handle.flat_param._local_shard = host
+            handle.flat_param.data = host
+
+    def masters(self) -> list:
+        """The tensor holding each flat parameter's fp32 value now: the host master while parked."""
+        return [self._host[id(h)] if is_parked(h) else h.flat_param for h in self.handles]
+
     def step(self, optimizer) -> None:
         """``optimizer.step()`` with the masters exposed (a host optimizer updates them in place)."""
         with self.exposed():

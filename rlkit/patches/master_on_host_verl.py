@@ -1,0 +1,101 @@
+"""master_on_host inside verl 0.9.1's FSDP engine (seed 000, Step 6): the fp32 master stays on the host
+for the whole update; forward/backward compute from bf16 casts of it; HostAdamW steps it in place.
+
+With ``param_offload`` verl keeps every FSDP1 flat parameter on the host between phases and, entering
+train mode, loads the fp32 master to the device (``FSDPEngine.to(device, model=True)`` ->
+``load_fsdp_model_to_gpu``). This patch changes only that train-mode path, for an FSDP1 engine with
+param offload and the ``master_on_host`` patch active:
+
+* ``FSDPEngine.to(<device>, model=True)`` in train mode: everything else is loaded as verl does, but
+  instead of loading the masters, :meth:`HostMasters.park_offloaded` adopts the host tensors verl's
+  offload left as the masters (no copy) and gives FSDP freed device placeholders.
+* ``FSDPEngine.optimizer_step``: verl's own step (clip, finite check, ``optimizer.step()``) runs with
+  the masters exposed, so HostAdamW updates them in place on the host; gradients stay on the device.
+* ``FSDPEngine.to("cpu", model=True)`` in train mode: :meth:`HostMasters.release_to_host` puts the
+  masters back where verl's offload keeps them, and verl's offload then has nothing to move.
+
+Eval mode (the old-log-prob pass) and the weight sync (``get_per_tensor_param``) keep verl's load to the
+device unchanged. With ``cast_once`` the bf16 copy is cast once per step (a host-to-device transfer
+instead of one per micro-batch); without it, every unshard reads the master over PCIe (seed: +18.7 s).
+The optimizer must step host-resident parameters in place: ``actor.optim.optimizer=HostAdamW``
+(``rlkit.grpo.GRPORecipe`` refuses anything else).
+"""
+from __future__ import annotations
+
+from rlkit.patches import Patch, PatchError, replace_attr
+
+VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+ATTR = "_rlkit_host_masters"
+
+
+def host_masters(engine):
+    """The :class:`HostMasters` of ``engine`` while it is parked (None otherwise)."""
+    masters = getattr(engine, ATTR, None)
+    return masters if masters is not None and masters.parked else None
+
+
+def _wired(engine) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from rlkit.patches import master_on_host
+
+    return (master_on_host.PATCH.active() and getattr(engine, "mode", None) == "train"
+            and engine.is_param_offload_enabled and isinstance(engine.module, FSDP)
+            and not engine.engine_config.forward_only)
+
+
+def _masters_of(engine):
+    from rlkit.patches.master_on_host import HostMasters
+
+    masters = getattr(engine, ATTR, None)
+    if masters is None:
+        masters = HostMasters(engine.module)
+        setattr(engine, ATTR, masters)
+    return masters
+
+
+def _apply():
+    import importlib
+
+    try:
+        engine_module = importlib.import_module(VERL_ENGINE_MODULE)
+    except ImportError as err:
+        raise PatchError(f"patch 'master_on_host_verl' needs verl ({VERL_ENGINE_MODULE}): {err}") from err
+    engine_cls = engine_module.FSDPEngine
+    original_to = engine_cls.to
+    original_step = engine_cls.optimizer_step
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
+        if model and _wired(self):
+            masters = _masters_of(self)
+            if device != "cpu":
+                original_to(self, device, model=False, optimizer=optimizer, grad=grad)
+                masters.park_offloaded()
+                return None
+            masters.release_to_host()
+        return original_to(self, device, model=model, optimizer=optimizer, grad=grad)
+
+    def optimizer_step(self):
+        masters = host_masters(self)
+        if masters is None:
+            return original_step(self)
+        with masters.exposed():
+            return original_step(self)
+
+    to.__doc__, optimizer_step.__doc__ = original_to.__doc__, original_step.__doc__
+    undo_to = replace_attr(engine_cls, "to", to)
+    undo_step = replace_attr(engine_cls, "optimizer_step", optimizer_step)
+
+    def undo() -> None:
+        undo_step()
+        undo_to()
+
+    return undo
+
+
+PATCH = Patch(
+    name="master_on_host_verl",
+    summary="verl FSDPEngine train mode: fp32 masters stay on the host (adopted from param offload), HostAdamW steps them",
+    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    apply_fn=_apply,
+)
