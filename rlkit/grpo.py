@@ -684,7 +684,7 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
-def _stop_session(proc: subprocess.Popen) -> None:
+def stop_session(proc: subprocess.Popen) -> None:
     """Stop verl and everything it started in its session (Ray's daemons and workers, vLLM workers): the
     next launch must find the GPUs idle. SIGTERM to the group first, then SIGKILL to whatever is left."""
     import signal
@@ -738,7 +738,7 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
         except subprocess.TimeoutExpired:
             returncode = "timeout"
         finally:
-            _stop_session(proc)
+            stop_session(proc)
     wall = time.time() - start
     gpu_memory = None
     if sampler is not None:

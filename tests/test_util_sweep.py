@@ -76,32 +76,24 @@ def test_every_case_patch_is_modelled_by_the_planner():
 
 # ------------------------------------------------------------------------------------------- emulation
 
-def test_emulated_utilization_gives_vllm_the_emulated_cards_share():
-    device_total = 139.8
+def test_vllm_asks_for_its_share_of_the_emulated_card():
+    from rlkit import emulate_card
+
+    # What vLLM 0.24's request_memory computes, ceil(total * util), on the total the emulation reports.
+    _, total = emulate_card.emulated_mem_info(100 * budget.GIB, int(139.8 * budget.GIB), int(47.4 * budget.GIB))
     for util in (0.4, 0.5, 0.6, 0.7):
-        mapped = U.emulated_utilization(util, 47.4, device_total)
-        # vLLM 0.24 request_memory: ceil(total_bytes * util)
-        requested_gib = math.ceil(device_total * budget.GIB * mapped) / budget.GIB
-        assert requested_gib == pytest.approx(util * 47.4, abs=1e-3)
-    assert U.emulated_utilization(0.6, 47.4, 139.8) == round(0.6 * 47.4 / 139.8, 6)
+        info = U.emulation_info(config(case="qwen3_4b_48g", gpu_memory_utilization=util))
+        assert math.ceil(total * util) / budget.GIB == pytest.approx(info["vllm_requested_gib"], abs=1e-6)
 
 
-def test_no_emulation_and_impossible_emulation():
-    assert U.emulated_utilization(0.55, 0, 139.8) == 0.55
-    with pytest.raises(P.ParamError, match="gpu_memory_utilization"):
-        U.emulated_utilization(0.9, 80.0, 47.4)  # 72 GiB of vLLM on a 47.4 GiB device
-    with pytest.raises(P.ParamError, match="gpu_memory_utilization"):
-        U.emulated_utilization(1.2, 47.4, 139.8)
-
-
-def test_emulation_info_and_recipe_carry_the_mapped_value():
+def test_recipe_launches_the_utilization_unchanged_on_the_emulated_card():
     cfg = config(case="qwen3_4b_48g", gpu_memory_utilization=0.5)
-    info = U.emulation_info(cfg, 139.8, "test")
-    assert info["vllm_requested_gib"] == pytest.approx(0.5 * 47.4, abs=1e-4)
-    recipe = U.build_recipe(cfg, info["vllm_gpu_memory_utilization"], 139.8)
-    assert recipe.gpu_memory_utilization == info["vllm_gpu_memory_utilization"]
+    recipe = U.build_recipe(cfg)
+    assert recipe.gpu_memory_utilization == 0.5 and recipe.emulate_gpu_gib == recipe.planner_gpu_gib == 47.4
+    assert recipe.optimizer == "HostAdamW" and not recipe.optimizer_offload  # the first working arm of notebook 05
     assert "actor_rollout_ref.rollout.disable_log_stats=False" in recipe.extra_overrides
     assert "actor_rollout_ref.rollout.max_model_len=768" in recipe.extra_overrides
+    assert "cpu_optimizer_step" in U.planner_spec(cfg).options
 
 
 def test_planner_spec_is_the_emulated_card_with_the_cases_settings():
@@ -208,7 +200,7 @@ def saved_sweep(tmp_path: Path) -> Path:
     for util in (0.4, 0.6):
         cfg = config(case="doc_small", gpu_memory_utilization=util)
         measured = U.measure_from_logs(text, samples, marks, cfg.case_spec, wall_s=107.0, returncode=0)
-        metrics = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), measured, "test fixture")
+        metrics = U.point_metrics(cfg, U.emulation_info(cfg), measured, "test fixture")
         write_json_atomic(tmp_path / f"doc_small-u{util}" / "metrics.json", metrics)
     return tmp_path
 
@@ -244,12 +236,12 @@ def test_sweep_rows_cost_and_oom_summary(tmp_path):
     assert U.first_update_oom(runs) == {"doc_small": {"observed": None, "inferred": None, "measured_runs": 2}}
     assert runs[0]["emulated_verdict"]["verdict"] == "fits the emulated card"
     text = U.describe(runs)
-    assert "doc_small at util 0.4 of 80.0 GiB" in text and "rollout samples/s" in text
+    assert "doc_small at util 0.4 of an emulated 80.0 GiB card" in text and "rollout samples/s" in text
 
 
 def test_unmeasured_point_has_planner_numbers_and_no_measurement():
     cfg = config(case="qwen3_4b_48g")
-    m = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), None, "no GPU: not measured")
+    m = U.point_metrics(cfg, U.emulation_info(cfg), None, "no GPU: not measured")
     assert m["measured"] is None and m["cost"] is None and m["emulated_verdict"] is None
     assert all(r["measured"] is None and r["ratio"] is None and r["planner"] is not None for r in m["comparison"])
     assert U.sweep_rows([m])[0]["measured"] is False
@@ -259,7 +251,7 @@ def test_a_real_oom_is_the_first_update_oom(tmp_path):
     cfg = config(case="qwen3_4b_48g", gpu_memory_utilization=0.5)
     measured = U.measure_from_logs(sections()["update_oom"], [], [(0.0, "launch")], cfg.case_spec, 200.0, 1)
     assert measured["update_oom"] is True
-    run = U.point_metrics(cfg, U.emulation_info(cfg, 139.8, "test"), measured, "test fixture")
+    run = U.point_metrics(cfg, U.emulation_info(cfg), measured, "test fixture")
     assert U.first_update_oom([run])["qwen3_4b_48g"]["observed"] == 0.5
 
 
@@ -286,8 +278,8 @@ def test_run_on_cpu_validates_the_launch_and_measures_nothing(tmp_path):
     assert metrics["launched"] is False and metrics["measured"] is None
     assert metrics["launch_reason"].startswith("no GPU: not measured")
     assert "actor_rollout_ref.rollout.disable_log_stats=False" in metrics["overrides"]
-    assert f"actor_rollout_ref.rollout.gpu_memory_utilization={metrics['emulation']['vllm_gpu_memory_utilization']}" \
-        in metrics["overrides"]
+    assert f"actor_rollout_ref.rollout.gpu_memory_utilization={metrics['emulation']['gpu_memory_utilization']}" \
+        in metrics["overrides"]  # launched unchanged: the emulated card gives it its meaning
     assert "actor_rollout_ref.rollout" in metrics["verify"]["validated_sections"]
 
 
@@ -322,7 +314,7 @@ def replayed_launch(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, e
                                                             str(exit_code)])
     monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
     cfg = config(case="doc_small", sample_interval_s=0.05, timeout_s=timeout_s)
-    recipe = U.build_recipe(cfg, 0.3, 139.8)
+    recipe = U.build_recipe(cfg)
     return U.launch_measured(recipe, ["x=1"], tmp_path, cfg)
 
 
@@ -350,7 +342,7 @@ def test_launch_plumbing_timeout_raises(tmp_path, monkeypatch):
 def test_isolated_input_preparation_matches_in_process():
     from rlkit import grpo
 
-    recipe = U.build_recipe(config(), 0.2, 139.8)
+    recipe = U.build_recipe(config())
     assert grpo.prepare_inputs_isolated(recipe) == grpo.prepare_inputs(recipe)
 
 
@@ -412,7 +404,7 @@ def test_session_members_finds_every_process_of_a_launched_session():
         members = grpo.session_members(proc.pid)
         assert proc.pid in members and len(members) == 2
     finally:
-        grpo._stop_session(proc)
+        grpo.stop_session(proc)
     deadline = time.time() + 10
     while grpo.session_members(proc.pid) and time.time() < deadline:
         time.sleep(0.1)

@@ -16,15 +16,15 @@ The sweep is a grid over ``gpu_memory_utilization``, one fresh verl job per valu
     python -m rlkit.experiments.util_sweep --profile h200 -p case=doc_small -p gpu_memory_utilization=0.4 \
         --tag doc_small-u0.4
 
-Emulating a smaller card. vLLM 0.24 reserves ``ceil(total x gpu_memory_utilization)`` bytes, where
-``total`` is ``torch.cuda.mem_get_info()``'s total (``request_memory`` in vllm/v1/worker/utils.py),
-139.8 GiB on the H200 (nvidia-smi's 143,771 MiB = 140.4 GiB includes memory CUDA reserves). Utilization
-``u`` on a card of ``E`` GiB is therefore launched as ``u * E / total`` with ``total`` measured on the
-device at run time, which gives vLLM exactly ``u * E`` GiB: weights, profiling peak, CUDA graphs and
-the KV pool are sized as on the small card. What the emulation cannot do is make the rest of the job
-OOM at ``E``: the actor may use more. So an "exceeds the emulated card" verdict is inferred from the
-measured per-phase device peak, never observed as an OOM (a real OOM on the big card is reported
-separately).
+Emulating a smaller card: :mod:`rlkit.emulate_card` (``GRPORecipe.emulate_gpu_gib``). In every verl and
+vLLM process ``torch.cuda.mem_get_info`` reports the emulated card (total ``E``; free = ``E`` minus what
+all processes hold on the real device) and the allocator is capped at ``E``. vLLM 0.24 reserves
+``ceil(total x gpu_memory_utilization)`` of that total (``request_memory`` in vllm/v1/worker/utils.py), so
+``u`` keeps the document's meaning (a fraction of the small card) and is launched unchanged; weights,
+profiling peak, CUDA graphs and the KV pool are sized as on the small card, its start-up check reads the
+small card's free memory, and an actor that needs more than ``E`` raises a real OOM. The cap is per
+process; the 1 Hz device-wide samples show what all processes held together, and the "exceeds the
+emulated card" verdict is also read from them.
 
 Without a CUDA GPU everything before the launch runs for real (inputs, overrides, verl's own config
 validation, the planner); the measured side says "no GPU: not measured". Nothing is invented.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -49,7 +48,6 @@ from rlkit import params as P
 NOTEBOOK = "06_util_sweep"
 # vLLM's total on the H200 node as vLLM itself printed it (notes/gpu-node.md: "(123.08/139.8 GiB)");
 # used only to render the command where no GPU can be asked (CPU); a launch measures the real total.
-NOMINAL_H200_TOTAL_GIB = 139.8
 VLLM_STATS_INTERVAL_S = 2.0  # VLLM_LOG_STATS_INTERVAL for the launch (vLLM's default is 10 s)
 RELEASE_WAIT_S = 90.0  # after verl exits, wait this long at most for the device to return to idle
 
@@ -75,6 +73,7 @@ class Case:
     micro_batch_size_per_gpu: int  # sequences per micro-batch (fixed bsz)
     param_offload: bool
     optimizer_offload: bool
+    optimizer: str  # AdamW (torch, on the device) or HostAdamW (rlkit.optim, the step on the host)
     patches: tuple[str, ...]  # rlkit patches (each must be one the planner models)
     max_num_batched_tokens: int  # vLLM's chunked-prefill token budget; 0 keeps verl's default (8192)
     data_rows: int  # synthetic prompts generated
@@ -100,17 +99,18 @@ CASES: dict[str, Case] = {
         model="qwen2.5-0.5b", emulated_total_gib=80.0, max_prompt_length=256, max_response_length=256,
         train_batch_size=32, rollout_n=8, ppo_mini_batch_size=16, use_dynamic_bsz=False,
         ppo_max_token_len_per_gpu=2048, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=True,
-        patches=(), max_num_batched_tokens=4096, data_rows=2048,
+        optimizer="AdamW", patches=(), max_num_batched_tokens=4096, data_rows=2048,
     ),
-    # The rlkit recipe of notebook 05 (h200 profile: 256 + 512 tokens, 32 x 8, one on-policy mini-batch,
-    # dynamic bsz 24576 tokens, param + optimizer offload, the offload_views patch) on an emulated RTX A6000:
-    # 47.4 GiB is the A6000's total as CUDA reports it (its "48 GB"; the planner's default).
+    # The first working arm of notebook 05 on one emulated RTX A6000 (47.4 GiB, the A6000's total as CUDA
+    # reports it): 256 + 512 tokens, 32 x 8, one on-policy mini-batch, param offload with the offload_views
+    # fix, the AdamW step on the host (a device AdamW step cannot fit the card, seed Step 2), dynamic bsz of
+    # 8192 tokens (16384 ran out of the card in outputs/05_grpo_qwen3_4b/1-fixes-hostadamw; 8192 trained).
     "qwen3_4b_48g": Case(
-        description="the rlkit Qwen3-4B recipe (notebook 05) on an emulated 48 GB card (47.4 GiB CUDA total)",
+        description="the first working Qwen3-4B arm (notebook 05) on an emulated 48 GB card (47.4 GiB CUDA total)",
         model="qwen3-4b", emulated_total_gib=47.4, max_prompt_length=256, max_response_length=512,
         train_batch_size=32, rollout_n=8, ppo_mini_batch_size=32, use_dynamic_bsz=True,
-        ppo_max_token_len_per_gpu=24576, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=True,
-        patches=("offload_views",), max_num_batched_tokens=0, data_rows=2048,
+        ppo_max_token_len_per_gpu=8192, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=False,
+        optimizer="HostAdamW", patches=("offload_views",), max_num_batched_tokens=0, data_rows=2048,
     ),
     # CPU profile: the tiny random Qwen3; everything up to the launch runs, the launch needs a GPU.
     "tiny": Case(
@@ -118,7 +118,7 @@ CASES: dict[str, Case] = {
         model="tiny", emulated_total_gib=47.4, max_prompt_length=512, max_response_length=64,
         train_batch_size=4, rollout_n=2, ppo_mini_batch_size=4, use_dynamic_bsz=True,
         ppo_max_token_len_per_gpu=4096, micro_batch_size_per_gpu=2, param_offload=True, optimizer_offload=True,
-        patches=(), max_num_batched_tokens=0, data_rows=64,
+        optimizer="AdamW", patches=(), max_num_batched_tokens=0, data_rows=64,
     ),
 }
 
@@ -175,53 +175,14 @@ class Config:
 # emulation
 # ---------------------------------------------------------------------------------------------------
 
-def emulated_utilization(util: float, emulated_total_gib: float, device_total_gib: float) -> float:
-    """vLLM's gpu_memory_utilization on the real device that reserves ``util`` of the emulated card.
-
-    vLLM reserves ``ceil(device_total * u)`` bytes, so ``u = util * emulated_total / device_total``.
-    ``emulated_total_gib`` 0 means no emulation (``util`` unchanged).
-    """
-    if not 0.0 < util <= 1.0:
-        raise P.ParamError(f"gpu_memory_utilization: {util} is outside (0, 1]. Fix: e.g. 0.6")
-    if emulated_total_gib == 0:
-        return util
-    if emulated_total_gib < 0 or not device_total_gib > 0:
-        raise P.ParamError(f"emulated_total_gib {emulated_total_gib} / device total {device_total_gib} must be "
-                           f"positive. Fix: check the case and the device")
-    mapped = util * emulated_total_gib / device_total_gib
-    if mapped > 1.0:
-        raise P.ParamError(f"gpu_memory_utilization: {util} of an emulated {emulated_total_gib} GiB card is "
-                           f"{util * emulated_total_gib:.2f} GiB, more than this device's {device_total_gib:.2f} GiB. "
-                           f"Fix: a smaller value or a larger device")
-    return round(mapped, 6)  # 1e-6 of 140 GiB is 150 KB: below vLLM's own rounding to whole blocks
-
-
-def device_total_gib() -> tuple[float, str]:
-    """The device's total memory as vLLM sees it (``torch.cuda.mem_get_info``), and where it came from.
-
-    Asked in a short-lived child process so this process never holds a CUDA context during the sweep.
-    Without a CUDA device: the H200's nominal total, labelled as such.
-    """
-    from rlkit.grpo import gpu_count
-
-    if gpu_count() == 0:
-        return NOMINAL_H200_TOTAL_GIB, "nominal H200 total (no CUDA device here to measure)"
-    code = "import torch; print(torch.cuda.mem_get_info(0)[1])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return int(out.stdout.strip().splitlines()[-1]) / budget.GIB, "torch.cuda.mem_get_info() on device 0"
-
-
-def emulation_info(cfg: Config, total_gib: float, total_source: str) -> dict[str, Any]:
+def emulation_info(cfg: Config) -> dict[str, Any]:
     case = cfg.case_spec
-    vllm_util = emulated_utilization(cfg.gpu_memory_utilization, case.emulated_total_gib, total_gib)
     return {
         "emulated_total_gib": case.emulated_total_gib,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
-        "device_total_gib": total_gib,
-        "device_total_source": total_source,
-        "vllm_gpu_memory_utilization": vllm_util,
-        "vllm_requested_gib": vllm_util * total_gib,
-        "rule": "vLLM reserves ceil(device_total x util); util = u x emulated_total / device_total",
+        "vllm_requested_gib": cfg.gpu_memory_utilization * case.emulated_total_gib,
+        "rule": "rlkit.emulate_card: every verl / vLLM process sees and is capped at the emulated card; "
+                "vLLM reserves ceil(emulated_total x util)",
     }
 
 
@@ -241,7 +202,7 @@ def extra_overrides(case: Case) -> list[str]:
     return out
 
 
-def build_recipe(cfg: Config, vllm_util: float, device_total: float):
+def build_recipe(cfg: Config):
     from rlkit.grpo import GRPORecipe
 
     case = cfg.case_spec
@@ -251,9 +212,9 @@ def build_recipe(cfg: Config, vllm_util: float, device_total: float):
         rollout_n=case.rollout_n, ppo_mini_batch_size=case.ppo_mini_batch_size, use_dynamic_bsz=case.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=case.ppo_max_token_len_per_gpu, micro_batch_size_per_gpu=case.micro_batch_size_per_gpu,
         n_gpus=1, param_offload=case.param_offload, optimizer_offload=case.optimizer_offload,
-        gpu_memory_utilization=vllm_util, enforce_eager=cfg.enforce_eager, patches=case.patches, steps=cfg.steps,
-        extra_overrides=tuple(extra_overrides(case)),
-        planner_gpu_gib=device_total,  # rlkit preflight checks the config as launched, on this device
+        optimizer=case.optimizer, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+        patches=case.patches, steps=cfg.steps, extra_overrides=tuple(extra_overrides(case)),
+        planner_gpu_gib=case.emulated_total_gib, emulate_gpu_gib=case.emulated_total_gib,
         launch=cfg.launch, timeout_s=cfg.timeout_s,
     )
 
@@ -279,6 +240,8 @@ def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
     if cfg.enforce_eager:
         spec = replace(spec, cudagraph_gib=0.0)
     options = [PATCH_PLANNER_OPTION[p] for p in case.patches if PATCH_PLANNER_OPTION[p]]
+    if case.optimizer == "HostAdamW":
+        options.append("cpu_optimizer_step")
     return budget.with_options(spec, options)
 
 
@@ -551,23 +514,12 @@ def measure_from_logs(log_text: str, samples: list[tuple[float, list[float]]], m
     }
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) -> dict[str, Any]:
     """Run verl with the GPU sampler beside it; returns :func:`measure_from_logs` plus launch facts.
 
     A memory failure (OOM, vLLM refusing to start) is a result and is returned; any other failure raises.
     """
-    from rlkit.grpo import check_plugin_records, command, launch_env
+    from rlkit.grpo import check_plugin_records, command, launch_env, stop_session
     from rlkit.measure import GpuSampler
 
     record_dir = out_dir / "plugin_records"
@@ -588,7 +540,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
 
     def on_timeout() -> None:
         timed_out.set()
-        _kill_group(proc)
+        stop_session(proc)
 
     timer = threading.Timer(cfg.timeout_s, on_timeout)
     timer.start()
@@ -602,8 +554,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
         returncode = proc.wait()
     finally:
         timer.cancel()
-        if proc.poll() is None:
-            _kill_group(proc)
+        stop_session(proc)  # also after a clean exit: Ray's daemons must not hold the GPU into the next point
     wall = time.time() - start
     sampler.mark("exited")
     released = _wait_for_release(sampler, RELEASE_WAIT_S)
@@ -751,9 +702,8 @@ def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
     out.mkdir(parents=True, exist_ok=True)
-    total, total_source = device_total_gib()
-    emulation = emulation_info(cfg, total, total_source)
-    recipe = build_recipe(cfg, emulation["vllm_gpu_memory_utilization"], total)
+    emulation = emulation_info(cfg)
+    recipe = build_recipe(cfg)
     have = grpo.gpu_count()
     paths, data_info, model_info = grpo.prepare_inputs_isolated(recipe) if have else grpo.prepare_inputs(recipe)
     overrides = grpo.render_overrides(recipe, paths, out)
@@ -833,7 +783,7 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cost = r.get("cost") or {}
         rows.append({
             "case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"],
-            "vllm_util": r["emulation"]["vllm_gpu_memory_utilization"], "measured": bool(m),
+            "emulated_gib": r["emulation"]["emulated_total_gib"], "measured": bool(m),
             "kv_pool_gib": _first(vllm.get("kv_cache_gib", [])), "kv_tokens": _first(vllm.get("kv_cache_tokens", [])),
             "max_concurrency": conc["concurrency"] if conc else None,
             **{f"peak_{ph}_gib": peaks.get(ph, {}).get("peak_job_gib") for ph in PHASE_MAP},
@@ -878,9 +828,8 @@ def describe(runs: list[dict[str, Any]]) -> str:
     for r in runs:
         e, p = r["emulation"], r["planner"]
         lines.append(
-            f"{r['case']['name']} at util {e['gpu_memory_utilization']} of {e['emulated_total_gib']} GiB "
-            f"(vLLM launched at {e['vllm_gpu_memory_utilization']} of {e['device_total_gib']:.1f} GiB, "
-            f"{e['device_total_source']}): planner KV pool {p['kv_pool_gib']:.2f} GiB, {p['max_concurrent_seqs']} "
+            f"{r['case']['name']} at util {e['gpu_memory_utilization']} of an emulated {e['emulated_total_gib']} GiB "
+            f"card (vLLM asks for {e['vllm_requested_gib']:.2f} GiB): planner KV pool {p['kv_pool_gib']:.2f} GiB, {p['max_concurrent_seqs']} "
             f"concurrent sequences, peak {p['peak_phase']} {p['peak_gib']:.2f} GiB -> {p['verdict']}.")
         m = r.get("measured")
         if not m:
