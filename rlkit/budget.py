@@ -270,10 +270,20 @@ HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
 RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_on_host", "cast_once", "skip_old_logprob")
 
 # Bytes held per logit element (micro-batch tokens x vocabulary) while log-probs are computed.
-# torch_fp32: bf16 lm_head output (2) + its fp32 upcast (4) + fp32 log-softmax (4), the pure-torch path.
+# torch_rowwise: verl 0.9.1's engine without flash-attn (verl.utils.torch_functional.logprobs_from_logits_v2,
+#           bf16 branch): the bf16 lm_head output (2) + the copy of its valid-token rows (2, torch.cat in
+#           prepare_model_outputs) + the per-row log-softmax outputs autograd keeps (2) + their gradient in
+#           backward (2) = 8 in training. Forward-only passes keep 4, but verl computes the entropy there
+#           (entropy_from_logits: an fp32 temporary (4) and the bf16 softmax (2) next to the logits (2)),
+#           which peaks at 8 before the log-prob temporaries exist; the update's entropy (skip_old_logprob)
+#           is checkpointed, so it adds no more than that transient. Checked against the 2 x H200 arms of
+#           outputs/05_grpo_qwen3_4b/ (tests/test_budget.py).
+# torch_fp32: an fp32 upcast of the logits (4) + fp32 log-softmax (4) next to the bf16 output (2); a
+#           conservative bound, the planner's default before it was checked against verl 0.9.1.
 # flash_ce: verl's path when flash-attn is installed: bf16 logits (2) + their bf16 gradient (2) in training,
 #           the bf16 logits alone in a forward-only pass; the fused cross-entropy keeps no fp32 copy.
-LOGITS_BYTES = {"torch_fp32": {"train": 10, "forward": 10}, "flash_ce": {"train": 4, "forward": 2}}
+LOGITS_BYTES = {"torch_rowwise": {"train": 8, "forward": 8}, "torch_fp32": {"train": 10, "forward": 10},
+                "flash_ce": {"train": 4, "forward": 2}}
 
 
 @dataclass(frozen=True)
@@ -296,7 +306,7 @@ class PlanSpec:
     optimizer_offload: bool = True  # verl fsdp_config.optimizer_offload
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
     non_torch_gib: float = 0.5  # CUDA context, NCCL and allocator overhead outside torch tensors
-    logits_path: str = "torch_fp32"  # see LOGITS_BYTES
+    logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
     host_gib: float = 0.0  # host memory per node; 0 = do not check
     # rlkit options
     offload_views: bool = False  # patch: param offload really frees the device copy (FSDP1 NO_SHARD)
@@ -361,8 +371,11 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
 
     Model (FSDP1 NO_SHARD, bf16 mixed precision, verl defaults ``model_dtype=fp32``):
 
-    * Actor: fp32 flat parameters (the master, 4 B/param) and, during compute, FSDP's bf16 copy
-      (2 B/param; an upper bound for the forward-only pass, where FSDP may free it per unit). Gradients
+    * Actor: fp32 flat parameters (the master, 4 B/param) and, during compute, FSDP's bf16 copies.
+      NO_SHARD with bf16 MixedPrecision frees each unit's copy at every reshard (after its forward and its
+      backward; rlkit's cast counter sees 2 casts per unit per micro-batch): the root unit's copy lives
+      through the forward, one layer computes while the next is prefetched, so the root and two layers are
+      resident (2 B/param each); ``cast_once`` keeps every unit's copy resident (2 B/param). Gradients
       are fp32 (4 B/trainable param) and accumulate over micro-batches until the optimizer step. Adam
       holds exp_avg and exp_avg_sq (8 B/trainable param). A device optimizer step needs master, grad
       and both moments co-resident (the document's four full-size fp32 tensors); foreach temporaries
@@ -399,6 +412,8 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     adam_dev_step = 0.0 if spec.cpu_optimizer_step else 8.0 * T
     h2d_staging = 4.0 * largest if spec.master_on_host else 0.0
 
+    compute_copy = 2.0 * P if spec.cast_once else 2.0 * min(P, s.root_params + 2 * s.layer_params)
+
     N, Nlp = spec.micro_batch_tokens, spec.log_prob_micro_batch_tokens
     layer_work = _activation_elems_per_token_layer(s) * 2
     if spec.gradient_checkpointing:
@@ -418,12 +433,12 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     if not spec.skip_old_logprob:
         device["log_prob"] = {
             "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
-            "compute_copy_bf16": 2.0 * P, "adam_moments": adam_dev_idle, "activations": Nlp * layer_work,
+            "compute_copy_bf16": compute_copy, "adam_moments": adam_dev_idle, "activations": Nlp * layer_work,
             "logits": Nlp * s.vocab * logits_b["forward"], "staging": h2d_staging,
         }
     device["update_fwd_bwd"] = {
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
-        "compute_copy_bf16": 2.0 * P, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_idle, "activations": train_act,
+        "compute_copy_bf16": compute_copy, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_idle, "activations": train_act,
         "logits": N * s.vocab * logits_b["train"], "staging": h2d_staging,
     }
     device["optimizer_step"] = {

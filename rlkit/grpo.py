@@ -28,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -306,6 +307,9 @@ def launch_env(recipe: GRPORecipe, record_dir: str | os.PathLike, base: dict | N
     env.update(OFFLINE_ENV)
     modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))
+    # vLLM reports its KV cache, concurrency and CUDA-graph memory at INFO; verl's runtime env sets WARN
+    # unless the launching environment sets the level (found in the first 2 x H200 run: no KV lines).
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env["RLKIT_PATCHES"] = ",".join(recipe.patches)
     env["RLKIT_RECORD_DIR"] = str(record_dir)
     env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
@@ -877,20 +881,74 @@ def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
     return metrics
 
 
-def _preflight_with_local_model(recipe: GRPORecipe, overrides: list[str], model_path: str) -> dict[str, Any]:
-    """Preflight of a collected run: a random-init model's directory (written on the node) is stood in for by
-    its preset's config.json, which is all the planner reads."""
+@contextmanager
+def _local_model_overrides(recipe: GRPORecipe, overrides: list[str]):
+    """``overrides`` with a random-init model's directory (written on the node, absent here) stood in for by a
+    folder holding its preset's config.json, which is all the planner reads; yields (overrides, that folder)."""
     import tempfile
 
+    model_path = next((o.split("=", 1)[1] for o in overrides if o.startswith("actor_rollout_ref.model.path=")), "")
     if not recipe.random_init or (Path(model_path) / "config.json").exists():
-        return preflight_findings(recipe, overrides)
+        yield overrides, None
+        return
     from rlkit import models
 
     with tempfile.TemporaryDirectory() as tmp:
         models.preset_config(recipe.model).to_json_file(str(Path(tmp) / "config.json"))
-        local = [o.replace(model_path, tmp) if o.startswith("actor_rollout_ref.model.path=") else o for o in overrides]
+        yield [f"actor_rollout_ref.model.path={tmp}" if o.startswith("actor_rollout_ref.model.path=") else o
+               for o in overrides], tmp
+
+
+def _preflight_with_local_model(recipe: GRPORecipe, overrides: list[str], model_path: str) -> dict[str, Any]:
+    """Preflight of a collected run, with :func:`_local_model_overrides`."""
+    with _local_model_overrides(recipe, overrides) as (local, tmp):
         found = preflight_findings(recipe, local)
-    return json.loads(json.dumps(found).replace(tmp, model_path))
+    return json.loads(json.dumps(found).replace(tmp, model_path)) if tmp else found
+
+
+# The actor's own allocations in the planner (what torch.cuda.max_memory_allocated of the actor counts).
+ACTOR_COMPONENTS = ("master_fp32", "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments",
+                    "activations", "logits", "staging")
+
+
+def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The planner for this run's exact overrides next to what the actor measured: its peak over the step's
+    compute phases (verl's actor/perf/max_memory_allocated_gb) against the planner's largest actor total, or,
+    for a run that ran out of the card in a phase, whether the planner also puts that phase over the card."""
+    from rlkit import budget, preflight
+
+    recipe_values = dict(metrics["recipe"])
+    recipe = P.build(GRPORecipe, recipe_values, where="metrics.json recipe")
+    card = recipe.emulate_gpu_gib or recipe.planner_gpu_gib
+    with _local_model_overrides(recipe, metrics["overrides"]) as (local, _):
+        spec = preflight.planner_spec_for_overrides(local, recipe.patches, gpu_gib=card)
+        if spec is None:
+            return None
+        plan = budget.plan(spec)
+    actor = {phase: sum(plan.device_gib[phase].get(c, 0.0) for c in ACTOR_COMPONENTS)
+             for phase in ("log_prob", "update_fwd_bwd", "optimizer_step") if phase in plan.device_gib}
+    peak_phase = max(actor, key=actor.get)
+    summary, failure = metrics.get("summary") or {}, (metrics.get("launch") or {}).get("failure")
+    measured = summary.get("actor_max_allocated_gib")
+    out = {"card_gib": card, "options": spec.options, "logits_path": spec.logits_path,
+           "planner_actor_gib": actor, "planner_actor_peak_phase": peak_phase,
+           "planner_actor_peak_gib": actor[peak_phase], "planner_verdict": plan.verdict,
+           "measured_actor_peak_gib": measured, "ratio": None, "agrees": None}
+    if measured:
+        out["ratio"] = actor[peak_phase] / measured
+        out["agrees"] = abs(out["ratio"] - 1.0) <= 0.10
+    elif failure and failure["kind"] == "torch_oom":
+        phase = {"update_actor": "update_fwd_bwd", "old_log_prob": "log_prob"}.get(failure["phase"], failure["phase"])
+        out["measured_oom_phase"] = phase
+        out["agrees"] = actor.get(phase, 0.0) > card  # the planner also puts that phase over the card
+    elif failure and failure["kind"] == "vllm_startup":
+        # what the actor (and its process overhead) leaves free when vLLM starts, against vLLM's own reading
+        residue = sum(plan.device_gib["rollout"].get(c, 0.0) for c in (*ACTOR_COMPONENTS, "non_torch"))
+        out["planner_free_at_vllm_start_gib"] = card - residue
+        out["measured_free_at_vllm_start_gib"] = failure["free_gib"]
+        out["ratio"] = out["planner_free_at_vllm_start_gib"] / failure["free_gib"]
+        out["agrees"] = plan.verdict == "vLLM refuses to start" and abs(out["ratio"] - 1.0) <= 0.10
+    return out
 
 
 def outcome(metrics: dict[str, Any]) -> str:

@@ -496,6 +496,14 @@ def _planner_spec(c: VerlConfig, ctx: Context):
     return spec, ""
 
 
+def planner_spec_for_overrides(overrides: list[str], active_patches: Iterable[str] = (), *, gpu_gib: float):
+    """The phase-budget planner's inputs for exactly this verl command (None when the planner cannot run)."""
+    ctx = Context(active_patches=list(active_patches), env=os.environ, ray_version=None, gpu_gib=gpu_gib,
+                  planner_options=[])
+    spec, _ = _planner_spec(VerlConfig(parse_overrides(overrides)), ctx)
+    return spec
+
+
 def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
     from rlkit import budget
 

@@ -93,9 +93,23 @@ def _fmt(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _planner_cell(check: dict | None) -> str:
+    """The planner for one arm in a few characters: its actor GiB and the ratio to the measured peak, or the
+    failure it predicts."""
+    if check is None:
+        return "-"
+    if check.get("measured_actor_peak_gib"):
+        return f"{check['planner_actor_peak_gib']:.2f} GiB (x{check['ratio']:.2f})"
+    if "measured_oom_phase" in check:
+        return f"{check['planner_actor_peak_gib']:.1f} GiB > card: {'agrees' if check['agrees'] else 'DISAGREES'}"
+    if "planner_free_at_vllm_start_gib" in check:
+        return f"{check['planner_free_at_vllm_start_gib']:.1f} GiB free at vLLM start (x{check['ratio']:.2f})"
+    return check["planner_verdict"]
+
+
 def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """The verl + vLLM arms of notebook 05 (one folder per arm, named after rlkit.grpo.ARMS)."""
-    from rlkit.grpo import ARMS, outcome
+    from rlkit.grpo import ARMS, outcome, planner_check, read_results
 
     folder = root / "05_grpo_qwen3_4b"
     names = sorted(p.name for p in folder.iterdir() if (p / "metrics.json").exists()
@@ -107,8 +121,8 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
              f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']} + response "
              f"{first['max_response_length']}; `outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..):", "",
              "| arm | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | update_weights "
-             "| actor peak alloc. (GiB) | grad_norm | sanity | ranks max abs diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| actor peak alloc. (GiB) | grad_norm | sanity | ranks max abs diff | planner |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     complete = []
     for name in names:
         m = json.loads((folder / name / "metrics.json").read_text())
@@ -120,7 +134,9 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
                      f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
                      f"{_fmt(s.get('grad_norm'), '.3f')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
-                     f"{_fmt(check.get('rank_max_abs_diff'), 'g')} |")
+                     f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(read_results(folder / name)))} |")
+    lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
+              "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading."]
     if len(complete) < 2:
         lines += ["", f"Arms that trained all their steps: {', '.join(complete) or 'none'}. The seed's arc (step time and "
                   "peak against the first working arm) needs at least that arm and a later one: not measured yet."]

@@ -228,6 +228,7 @@ def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
         assert optim.override_optimizer_config is None
     env = grpo.launch_env(r, "/tmp/records", base={})
     assert env["RLKIT_EMULATE_GPU_GIB"] == "47.4" and env["RLKIT_CHECK_RANK_IDENTITY"] == "1"
+    assert env["VLLM_LOGGING_LEVEL"] == "INFO"  # vLLM's KV-cache report; verl would set WARN
 
 
 def test_arms_are_cumulative_in_the_seeds_order():
@@ -272,3 +273,18 @@ def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs
 def test_collect_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="params.yaml"):
         grpo.collect(tmp_path, "note")
+
+
+def test_planner_agrees_with_every_committed_gpu_arm():
+    """The phase-budget planner, given each measured arm's exact overrides, predicts what the arm did: the
+    actor's peak within 10 %, an OOM in the phase that ran out of the card, vLLM refusing to start with the
+    free memory vLLM read within 10 % (outputs/05_grpo_qwen3_4b/, 2 x H200 emulating 47.4 GiB cards)."""
+    from rlkit.env import REPO_ROOT
+
+    root = REPO_ROOT / "outputs" / grpo.NOTEBOOK
+    arms = sorted(p for p in root.iterdir() if (p / "metrics.json").exists()) if root.is_dir() else []
+    if not arms:
+        pytest.skip("no committed GPU arms")
+    checks = {p.name: grpo.planner_check(grpo.read_results(p)) for p in arms}
+    assert all(c is not None and c["agrees"] for c in checks.values()), checks
+    assert any(c["ratio"] is not None and c["measured_actor_peak_gib"] for c in checks.values())

@@ -387,6 +387,7 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
             ) if rank == 0 else None,
         }
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while its peer is still communicating
     finally:
         dist.destroy_process_group()
 

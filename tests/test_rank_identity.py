@@ -27,6 +27,7 @@ def _worker(rank: int, rdzv: str, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+    dist.barrier()  # no rank tears gloo down while its peer is still communicating
     dist.destroy_process_group()
 
 

@@ -90,6 +90,8 @@ def run_arm(cfg: U.Config, spec: str) -> dict[str, Any]:
     if result["status"] == "ok":
         result["bandwidth_gbps"] = _bandwidth(phases, result["num_params"], moved=info.device.type == "cuda")
     result["per_rank"] = _gather_rank_reports(info, optimizer, result["peak_device_gib"])
+    if info.world_size > 1:
+        dist.barrier()  # no rank tears gloo down while its peer is still communicating (else: SIGABRT at exit)
     dist.destroy_process_group()
     return result
 
