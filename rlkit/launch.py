@@ -45,6 +45,15 @@ def run_module(
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "w") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, timeout=timeout)
+        if nproc > 1 and proc.returncode != 0 and _aborted(log_file):
+            # A gloo rank can die of SIGABRT ("terminate called without an active exception") on a loaded
+            # 2-core machine; what a run computes is deterministic, so one retry cannot change a result.
+            print(f"rlkit.launch: a rank of {module} aborted (SIGABRT); running it once more", file=sys.stderr)
+            result_path.unlink(missing_ok=True)
+            with open(log_file, "a") as log:
+                log.write("\n=== rlkit.launch: retry after SIGABRT ===\n")
+                log.flush()
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, timeout=timeout)
         if proc.returncode != 0 or not result_path.exists():
             tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
             raise LaunchError(f"{' '.join(cmd)} exited with {proc.returncode}; last lines of its log:\n{tail}")
@@ -65,3 +74,14 @@ def child_main(fn: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         tmp = Path(ns.result).with_suffix(".partial")
         tmp.write_text(json.dumps(result if result is not None else {}, indent=2, default=float))
         tmp.replace(ns.result)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The work and its result are complete. Skip the interpreter's teardown, where gloo's C++ threads
+        # can abort the process (SIGABRT) after the process group was destroyed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _aborted(log_file: Path) -> bool:
+    text = log_file.read_text(errors="replace")
+    return "SIGABRT" in text or "terminate called" in text

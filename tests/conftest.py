@@ -43,3 +43,36 @@ def gloo_world_of_one():
 def single_rank_group():
     with gloo_world_of_one():
         yield
+
+
+def spawn_two_ranks(worker, make_args):
+    """``torch.multiprocessing.spawn(worker, make_args(), nprocs=2)``, once more if a rank dies of a signal.
+
+    On a loaded 2-core machine a gloo rank occasionally aborts (SIGABRT, "terminate called without an active
+    exception") while the process group is torn down. The workers compute deterministic values, so a second
+    run cannot change what a test checks; a worker that raises still fails the test. ``make_args()`` is
+    called for each attempt (fresh rendezvous and output paths) and the arguments used are returned.
+    """
+    import torch.multiprocessing as mp
+
+    for attempt in range(2):
+        args = make_args()
+        try:
+            mp.spawn(worker, args=args, nprocs=2, join=True)
+            return args
+        except mp.ProcessExitedException as err:
+            if attempt or err.exit_code is None or err.exit_code >= 0:
+                raise
+    raise AssertionError("unreachable")
+
+
+def fresh_paths(root: str, *names: str):
+    """A ``make_args`` for :func:`spawn_two_ranks`: each call returns new paths ``names`` in a new folder."""
+    counter = iter(range(1_000_000))
+
+    def make():
+        folder = os.path.join(root, f"attempt{next(counter)}")
+        os.makedirs(folder)
+        return tuple(os.path.join(folder, n) for n in names)
+
+    return make

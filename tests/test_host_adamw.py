@@ -12,7 +12,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import fresh_paths, spawn_two_ranks
 from torch.optim.lr_scheduler import LambdaLR
 
 from rlkit.measure import PhaseTimer
@@ -394,8 +394,9 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
 
 def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore():
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank0_worker, args=(2, os.path.join(tmp, "store"), tmp), nprocs=2, join=True)
-        r0, r1 = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in (0, 1))
+        make = fresh_paths(tmp, "store", "")
+        _, store, out_dir = spawn_two_ranks(_rank0_worker, lambda: (2, *make()))
+        r0, r1 = (torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1))
     assert r0["max_diff_vs_ref"] == 0.0 and r1["max_diff_vs_ref"] == 0.0
     assert r0["state_equal_ref"]
     assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))

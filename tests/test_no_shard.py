@@ -7,14 +7,13 @@ differ; with it they are bit-identical.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import fresh_paths, spawn_two_ranks
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -74,8 +73,8 @@ def _worker(rank: int, rendezvous: str, out_path: str, use_verl: bool) -> None:
 
 def _spawn(use_verl: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        mp.spawn(_worker, args=(os.path.join(tmp, "rdzv"), out, use_verl), nprocs=2)
+        make = fresh_paths(tmp, "rdzv", "out.json")
+        _, out, _ = spawn_two_ranks(_worker, lambda: (*make(), use_verl))
         with open(out) as f:
             return json.load(f)
 

@@ -7,13 +7,12 @@ the patch wraps that method like it wraps the real one.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import fresh_paths, spawn_two_ranks
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
@@ -104,8 +103,7 @@ def _matrix_worker(rank: int, rendezvous: str, out_path: str) -> None:
 @pytest.fixture(scope="module")
 def matrix():
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        mp.spawn(_matrix_worker, args=(os.path.join(tmp, "rdzv"), out), nprocs=2)
+        _, out = spawn_two_ranks(_matrix_worker, fresh_paths(tmp, "rdzv", "out.json"))
         with open(out) as f:
             return json.load(f)
 

@@ -1,11 +1,10 @@
 """rlkit.patches.rank_identity: the after-step check finds 0.0 on identical ranks and the difference otherwise."""
 import json
-import os
 import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import fresh_paths, spawn_two_ranks
 
 from rlkit.patches import rank_identity
 
@@ -33,8 +32,7 @@ def _worker(rank: int, rdzv: str, out: str) -> None:
 
 def test_identical_ranks_give_zero_and_a_changed_element_is_found():
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        mp.spawn(_worker, args=(os.path.join(tmp, "rdzv"), out), nprocs=2)
+        _, out = spawn_two_ranks(_worker, fresh_paths(tmp, "rdzv", "out.json"))
         with open(out) as f:
             results = json.load(f)
     assert results["same"] == [0.0, 0]
