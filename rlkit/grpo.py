@@ -720,6 +720,15 @@ def _start_sampler():
         return None
 
 
+def read_run_files(log_text: str, record_dir: Path) -> dict[str, Any]:
+    """What a verl run left, read back: per-step console metrics, the first memory failure in its log, and the
+    rank-identity rows its processes recorded."""
+    from rlkit.patches import rank_identity
+
+    return {"steps": parse_console_metrics(log_text), "failure": find_failure_in_log(log_text),
+            "rank_identity": rank_identity.read_records(record_dir)}
+
+
 def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict[str, Any]:
     """Run verl's trainer to completion beside the GPU sampler; parse its console metrics; check every
     process's plugin record and the ranks' weights. A memory failure (an OOM, vLLM refusing to start:
@@ -750,11 +759,9 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
         gpu_memory = {**sampler.summary(), "timeline": [[round(t, 1), [round(u, 3) for u in used]]
                                                          for t, used in sampler.samples]}
     text = log_path.read_text(errors="replace")
-    steps = parse_console_metrics(text)
-    failure = find_failure_in_log(text)
-    result = {"steps": steps, "wall_s": wall, "returncode": returncode, "log_path": str(log_path),
-              "failure": failure, "gpu_memory": gpu_memory,
-              "rank_identity": rank_identity.read_records(record_dir)}
+    result = {**read_run_files(text, record_dir), "wall_s": wall, "returncode": returncode,
+              "log_path": str(log_path), "gpu_memory": gpu_memory}
+    steps, failure = result["steps"], result["failure"]
     if returncode != 0 or len(training_steps(steps)) < recipe.steps:
         if failure is not None:  # an OOM / vLLM refusal is what this arm does on this card: a result
             result["plugin_records"] = read_plugin_records(record_dir)
@@ -808,22 +815,30 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
     else:
         verify = verify_subprocess(recipe, overrides, out)
     print(reason)
+    return recipe_metrics(recipe, data=data_info, model=model_info, overrides=overrides, preflight=preflight,
+                          verify=verify, launch_reason=reason,
+                          launch=launch_verl(recipe, overrides, out) if launched else None)
+
+
+def recipe_metrics(recipe: GRPORecipe, *, data: dict, model: dict, overrides: list[str], preflight: dict,
+                   verify: dict, launch_reason: str, launch: dict[str, Any] | None) -> dict[str, Any]:
+    """``metrics.json`` content of one run (``launch``: the verl launch's result, None when not launched)."""
     metrics: dict[str, Any] = {
         "recipe": P.as_dict(recipe),
         "reward": recipe.resolved_reward,
-        "data": data_info,
-        "model": model_info,
+        "data": data,
+        "model": model,
         "overrides": overrides,
         "command": shell_command(recipe, overrides),
         "preflight": preflight,
         "verify": verify,
-        "launched": launched,
-        "launch_reason": reason,
+        "launched": launch is not None,
+        "launch_reason": launch_reason,
         "steps": [],
         "summary": {},
     }
-    if launched:
-        add_launch_result(metrics, recipe, launch_verl(recipe, overrides, out))
+    if launch is not None:
+        add_launch_result(metrics, recipe, launch)
     metrics["arms"] = [arm_row(arm_name(metrics["recipe"]), metrics)]
     return metrics
 
@@ -847,8 +862,6 @@ def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
     """
     import yaml
 
-    from rlkit.patches import rank_identity
-
     run_dir = Path(run_dir)
     missing = [n for n in ("params.yaml", "overrides.json", "verl.log") if not (run_dir / n).exists()]
     if missing:
@@ -856,29 +869,23 @@ def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
     recipe = P.build(GRPORecipe, yaml.safe_load((run_dir / "params.yaml").read_text()), where=str(run_dir / "params.yaml"))
     overrides = json.loads((run_dir / "overrides.json").read_text())
     verify_path = run_dir / "verify_result.json"
-    text = (run_dir / "verl.log").read_text(errors="replace")
     record_dir = run_dir / "plugin_records"
     paths = default_paths(recipe)
-    metrics: dict[str, Any] = {
-        "recipe": P.as_dict(recipe),
-        "reward": recipe.resolved_reward,
-        "data": {"source": recipe.data, "path": paths.train_file, "rows": recipe.data_rows},
-        "model": {"path": paths.model, "preset": recipe.model if recipe.random_init else None},
-        "overrides": overrides,
-        "command": shell_command(recipe, overrides),
-        "preflight": _preflight_with_local_model(recipe, overrides, paths.model),
-        "verify": ({**json.loads(verify_path.read_text()),
-                    "plugin_records": read_plugin_records(run_dir / "plugin_records_verify")}
-                   if verify_path.exists() else {}),
-        "launched": True,
-        "launch_reason": f"collected from {run_dir.name} after the run: {note}",
-    }
-    result = {"steps": parse_console_metrics(text), "failure": find_failure_in_log(text), "gpu_memory": None,
-              "rank_identity": rank_identity.read_records(record_dir), "plugin_records": read_plugin_records(record_dir),
+    launch = {**read_run_files((run_dir / "verl.log").read_text(errors="replace"), record_dir),
+              "gpu_memory": None, "plugin_records": read_plugin_records(record_dir),
               "collected": {"from": run_dir.name, "note": note}}
-    add_launch_result(metrics, recipe, result)
-    metrics["arms"] = [arm_row(arm_name(metrics["recipe"]), metrics)]
-    return metrics
+    return recipe_metrics(
+        recipe,
+        data={"source": recipe.data, "path": paths.train_file, "rows": recipe.data_rows},
+        model={"path": paths.model, "preset": recipe.model if recipe.random_init else None},
+        overrides=overrides,
+        preflight=_preflight_with_local_model(recipe, overrides, paths.model),
+        verify=({**json.loads(verify_path.read_text()),
+                 "plugin_records": read_plugin_records(run_dir / "plugin_records_verify")}
+                if verify_path.exists() else {}),
+        launch_reason=f"collected from {run_dir.name} after the run: {note}",
+        launch=launch,
+    )
 
 
 @contextmanager
@@ -1028,25 +1035,23 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # the seed's arc of arms (issue 9): cumulative, same seed and data; each is a set of recipe fields
 
-_FIXES = ["offload_views", "no_shard"]
-_HOST = {"optimizer": "HostAdamW", "optimizer_offload": False}
+# Each arm is the previous one plus the seed's next step, so the arc stays cumulative by construction.
+# Steps 1-2: offload views + NO_SHARD fixes, the AdamW step on the host (pageable staging): first working run.
+_WORKING = {"patches": ["offload_views", "no_shard"], "optimizer": "HostAdamW", "optimizer_offload": False,
+            "host_pin_memory": False, "host_rank0_owner": False}
+_SKIP = {**_WORKING, "patches": [*_WORKING["patches"], "skip_old_logprob"]}  # Step 3: no old_log_prob pass
+_PINNED = {**_SKIP, "host_pin_memory": True}  # Step 4: pinned, reused staging buffers
+_RANK0 = {**_PINNED, "host_rank0_owner": True}  # Step 5: rank 0 owns the optimizer, broadcasts the fp32 master
 ARMS: dict[str, dict[str, Any]] = {
     # Step 0: verl 0.9.1 as shipped; on a 48 GB card vLLM refuses to start (the offload freed nothing).
     "0-stock": {"patches": [], "optimizer": "AdamW", "optimizer_offload": True, "host_pin_memory": True,
                 "host_rank0_owner": False, "expect_failure": True},
-    # Steps 1-2: offload views + NO_SHARD fixes, the AdamW step on the host (pageable staging): first working run.
-    "1-fixes-hostadamw": {"patches": _FIXES, **_HOST, "host_pin_memory": False, "host_rank0_owner": False},
-    # Step 3: skip the on-policy old_log_prob pass.
-    "2-skip-old-logprob": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": False,
-                           "host_rank0_owner": False},
-    # Step 4: pinned, reused staging buffers.
-    "3-pinned": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": True, "host_rank0_owner": False},
-    # Step 5: rank 0 owns the optimizer and broadcasts the fp32 master.
-    "4-rank0-owner": {"patches": [*_FIXES, "skip_old_logprob"], **_HOST, "host_pin_memory": True,
-                      "host_rank0_owner": True},
+    "1-fixes-hostadamw": _WORKING,
+    "2-skip-old-logprob": _SKIP,
+    "3-pinned": _PINNED,
+    "4-rank0-owner": _RANK0,
     # Step 6: the fp32 master stays on the host through the update, its bf16 copy cast once per step.
-    "5-master-on-host-cast-once": {"patches": [*_FIXES, "skip_old_logprob", "master_on_host", "cast_once"], **_HOST,
-                                   "host_pin_memory": True, "host_rank0_owner": True},
+    "5-master-on-host-cast-once": {**_RANK0, "patches": [*_RANK0["patches"], "master_on_host", "cast_once"]},
 }
 
 

@@ -109,7 +109,7 @@ def _planner_cell(check: dict | None) -> str:
 
 def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """The verl + vLLM arms of notebook 05 (one folder per arm, named after rlkit.grpo.ARMS)."""
-    from rlkit.grpo import ARMS, outcome, planner_check, read_results
+    from rlkit.grpo import ARMS, outcome, planner_check, read_results, training_steps
 
     folder = root / "05_grpo_qwen3_4b"
     names = sorted(p.name for p in folder.iterdir() if (p / "metrics.json").exists()
@@ -125,16 +125,17 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     complete = []
     for name in names:
-        m = json.loads((folder / name / "metrics.json").read_text())
-        if outcome(m).startswith("trained"):
+        m = read_results(folder / name)
+        result = outcome(m)
+        if result.startswith("trained"):
             complete.append(name)
         s, check = m.get("summary") or {}, m.get("sanity") or {}
-        steps = len([x for x in m.get("steps", []) if "timing_s/step" in x])
-        lines.append(f"| {name} | {m['recipe']['ppo_max_token_len_per_gpu']} | {outcome(m)} | {steps} | {_fmt(s.get('step_s'))} | "
+        steps = len(training_steps(m.get("steps", [])))
+        lines.append(f"| {name} | {m['recipe']['ppo_max_token_len_per_gpu']} | {result} | {steps} | {_fmt(s.get('step_s'))} | "
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
                      f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
                      f"{_fmt(s.get('grad_norm'), '.3f')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
-                     f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(read_results(folder / name)))} |")
+                     f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(m))} |")
     lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
               "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading."]
     if len(complete) < 2:

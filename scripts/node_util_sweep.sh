@@ -3,19 +3,13 @@
 # fresh verl job on the case's emulated card; results in <root>/06_util_sweep/<case>-u<util>/.
 # usage: scripts/node_util_sweep.sh <results root> <case> <util> [<util> ...]   (cases: util_sweep.CASES)
 # Progress lines go to <root>/progress.txt, each point's console to <root>/<case>-u<util>.console.log.
+# Each point waits for the device to drain itself (util_sweep waits for the release before returning).
 set -u
 root=$1; case=$2; shift 2
 mkdir -p "$root"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-log() { echo "$(date +%T) $*" >> "$root/progress.txt"; }
+source "$(dirname "$0")/node_lib.sh"
 for util in "$@"; do
-  log "point $case u=$util start"
-  setsid python3 -m rlkit.experiments.util_sweep --profile h200 -p "case=$case" -p "gpu_memory_utilization=$util" \
-      --out "$root" > "$root/$case-u$util.console.log" 2>&1 &
-  pid=$!
-  wait $pid
-  status=$?
-  log "point $case u=$util exit $status"
-  pkill -9 -s "$pid"   # the launcher's session; the launcher stops verl's own session itself
+  run_in_session "$case-u$util" python3 -m rlkit.experiments.util_sweep --profile h200 -p "case=$case" \
+      -p "gpu_memory_utilization=$util" --out "$root"
 done
 log "all points done"

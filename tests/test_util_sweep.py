@@ -300,10 +300,8 @@ sys.exit(int(sys.argv[3]))
 """
 
 
-def replayed_launch(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, exit_code: int = 0, timeout_s: int = 30):
-    """The launch with the verl job replaced by a child replaying a fixture section and the GPU reader by a
-    constant 2 GiB. Checks the plumbing (log capture, step marks on the sampler's clock, idle baseline,
-    release wait, success/failure handling), not any measurement."""
+def replay_instead_of_verl(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, exit_code: int = 0) -> None:
+    """The verl command becomes a child replaying a fixture section; the GPU reader a constant 2 GiB."""
     import sys
 
     from rlkit import grpo, measure
@@ -313,6 +311,13 @@ def replayed_launch(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, e
     monkeypatch.setattr(grpo, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), str(sleep_s),
                                                             str(exit_code)])
     monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
+
+
+def replayed_launch(tmp_path, monkeypatch, section: str, sleep_s: float = 0.0, exit_code: int = 0, timeout_s: int = 30):
+    """The launch with the verl job replaced by a child replaying a fixture section and the GPU reader by a
+    constant 2 GiB. Checks the plumbing (log capture, step marks on the sampler's clock, idle baseline,
+    release wait, success/failure handling), not any measurement."""
+    replay_instead_of_verl(tmp_path, monkeypatch, section, sleep_s, exit_code)
     cfg = config(case="doc_small", sample_interval_s=0.05, timeout_s=timeout_s)
     recipe = U.build_recipe(cfg)
     return U.launch_measured(recipe, ["x=1"], tmp_path, cfg)
@@ -348,14 +353,9 @@ def test_isolated_input_preparation_matches_in_process():
 
 def _replayed_recipe_launch(tmp_path, monkeypatch, section: str, exit_code: int, **changes):
     """rlkit.grpo.launch_verl with the verl job replaced by the fixture replay (plumbing only)."""
-    import sys
+    from rlkit import grpo
 
-    from rlkit import grpo, measure
-
-    log = tmp_path / "section.log"
-    log.write_text(sections()[section])
-    monkeypatch.setattr(grpo, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), "0", str(exit_code)])
-    monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
+    replay_instead_of_verl(tmp_path, monkeypatch, section, exit_code=exit_code)
     monkeypatch.setattr(grpo, "gpu_count", lambda: 1)
     recipe = grpo.GRPORecipe(model="tiny", n_gpus=1, steps=2, timeout_s=30, **changes)
     return grpo.launch_verl(recipe, ["x=1"], tmp_path)
