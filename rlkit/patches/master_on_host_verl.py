@@ -69,7 +69,8 @@ def _apply():
         if model and _wired(self):
             masters = _masters_of(self)
             if device != "cpu":
-                original_to(self, device, model=False, optimizer=optimizer, grad=grad)
+                # grad=False: verl asserts grad implies model; FSDP1 grads need no move (they live on the device).
+                original_to(self, device, model=False, optimizer=optimizer, grad=False)
                 masters.park_offloaded()
                 return None
             masters.release_to_host()
