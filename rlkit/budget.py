@@ -275,15 +275,24 @@ RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_o
 #           prepare_model_outputs) + the per-row log-softmax outputs autograd keeps (2) + their gradient in
 #           backward (2) = 8 in training. Forward-only passes keep 4, but verl computes the entropy there
 #           (entropy_from_logits: an fp32 temporary (4) and the bf16 softmax (2) next to the logits (2)),
-#           which peaks at 8 before the log-prob temporaries exist; the update's entropy (skip_old_logprob)
-#           is checkpointed, so it adds no more than that transient. Checked against the 2 x H200 arms of
-#           outputs/05_grpo_qwen3_4b/ (tests/test_budget.py).
+#           which peaks at 8 before the log-prob temporaries exist. Checked against the 2 x H200 arms of
+#           outputs/05_grpo_qwen3_4b/ (tests/test_budget.py). An entropy in the update: see UPDATE_ENTROPY_BYTES.
 # torch_fp32: an fp32 upcast of the logits (4) + fp32 log-softmax (4) next to the bf16 output (2); a
 #           conservative bound, the planner's default before it was checked against verl 0.9.1.
 # flash_ce: verl's path when flash-attn is installed: bf16 logits (2) + their bf16 gradient (2) in training,
 #           the bf16 logits alone in a forward-only pass; the fused cross-entropy keeps no fp32 copy.
 LOGITS_BYTES = {"torch_rowwise": {"train": 8, "forward": 8}, "torch_fp32": {"train": 10, "forward": 10},
                 "flash_ce": {"train": 4, "forward": 2}}
+# Extra bytes per logit element in the update when it computes the entropy (calculate_entropy, or
+# entropy_coeff != 0; the on-policy skip turns it on for the actor/entropy metric):
+# none:     no entropy in the update.
+# detached: computed in the forward only (checkpointed, and kept out of backward: entropy_coeff 0 with the
+#           metric_entropy patch); its transient (bf16 softmax 2 + fp32 temporary 4, next to the logits)
+#           stays within the training peak above.
+# backprop: backward recomputes entropy_from_logits (verl 0.9.1 adds -0 x entropy to the loss, or a real
+#           entropy bonus): the bf16 softmax (2) and an fp32 temporary (4) on top of the log-prob backward's
+#           buffers. outputs/05_grpo_qwen3_4b/2-skip-old-logprob ran out of the card in that recompute.
+UPDATE_ENTROPY_BYTES = {"none": 0, "detached": 0, "backprop": 6}
 
 
 @dataclass(frozen=True)
@@ -307,6 +316,7 @@ class PlanSpec:
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
     non_torch_gib: float = 0.5  # CUDA context, NCCL and allocator overhead outside torch tensors
     logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
+    update_entropy: str = "none"  # see UPDATE_ENTROPY_BYTES
     host_gib: float = 0.0  # host memory per node; 0 = do not check
     # rlkit options
     offload_views: bool = False  # patch: param offload really frees the device copy (FSDP1 NO_SHARD)
@@ -337,6 +347,8 @@ class PlanSpec:
                 bad(key, f"must be >= 0 GiB, got {getattr(self, key)!r}", "set a non-negative size in GiB")
         if self.logits_path not in LOGITS_BYTES:
             bad("logits_path", f"{self.logits_path!r} is not one of {sorted(LOGITS_BYTES)}", "pick one of them")
+        if self.update_entropy not in UPDATE_ENTROPY_BYTES:
+            bad("update_entropy", f"{self.update_entropy!r} is not one of {list(UPDATE_ENTROPY_BYTES)}", "pick one of them")
         if self.rank0_owner and not self.cpu_optimizer_step:
             bad("rank0_owner", "rank-0 ownership is a mode of the host optimizer step", "also set cpu_optimizer_step")
         if self.master_on_host and not self.cpu_optimizer_step:
@@ -392,7 +404,8 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     * Activations: with gradient checkpointing every layer saves its bf16 input plus one layer's
       working set is live during recompute; without it every layer saves its full working set. A
       forward-only pass holds one layer's working set.
-    * Logits: micro-batch tokens x vocabulary x :data:`LOGITS_BYTES` (log-softmax included).
+    * Logits: micro-batch tokens x vocabulary x :data:`LOGITS_BYTES` (log-softmax included), plus
+      :data:`UPDATE_ENTROPY_BYTES` in the update when backward recomputes an entropy.
     * vLLM: weights bf16, KV pool = util x total - weights - CUDA graphs - non-torch overhead. Captured
       CUDA graphs cannot be offloaded and stay resident in every phase; vLLM's own profiling
       activations are not modelled. While sleeping, vLLM frees KV and discards weights (sleep level 2).
@@ -439,7 +452,7 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     device["update_fwd_bwd"] = {
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
         "compute_copy_bf16": compute_copy, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_idle, "activations": train_act,
-        "logits": N * s.vocab * logits_b["train"], "staging": h2d_staging,
+        "logits": N * s.vocab * (logits_b["train"] + UPDATE_ENTROPY_BYTES[spec.update_entropy]), "staging": h2d_staging,
     }
     device["optimizer_step"] = {
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
@@ -786,6 +799,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--cudagraph-gib", type=float, default=d.cudagraph_gib)
     g.add_argument("--non-torch-gib", type=float, default=d.non_torch_gib)
     g.add_argument("--logits-path", default=d.logits_path, choices=sorted(LOGITS_BYTES))
+    g.add_argument("--update-entropy", default=d.update_entropy, choices=list(UPDATE_ENTROPY_BYTES),
+                   help="entropy in the update: none, detached (forward only), backprop (recomputed in backward)")
     g.add_argument("--host-gib", type=float, default=d.host_gib, help="host memory per node (0 = unchecked)")
     g.add_argument("--options", default="", help=f"comma-separated rlkit options: {','.join(RLKIT_OPTIONS)}")
     c = p.add_argument_group("cost (--cost)")
@@ -803,7 +818,8 @@ def spec_from_args(ns: argparse.Namespace) -> PlanSpec:
         log_prob_micro_batch_tokens=ns.log_prob_micro_batch_tokens or ns.micro_batch_tokens,
         lora_rank=ns.lora_rank, gradient_checkpointing=not ns.no_grad_ckpt, param_offload=not ns.no_param_offload,
         optimizer_offload=not ns.no_optimizer_offload, cudagraph_gib=ns.cudagraph_gib,
-        non_torch_gib=ns.non_torch_gib, logits_path=ns.logits_path, host_gib=ns.host_gib,
+        non_torch_gib=ns.non_torch_gib, logits_path=ns.logits_path, update_entropy=ns.update_entropy,
+        host_gib=ns.host_gib,
     )
     return with_options(spec, ns.options)
 

@@ -1039,7 +1039,9 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
 # Steps 1-2: offload views + NO_SHARD fixes, the AdamW step on the host (pageable staging): first working run.
 _WORKING = {"patches": ["offload_views", "no_shard"], "optimizer": "HostAdamW", "optimizer_offload": False,
             "host_pin_memory": False, "host_rank0_owner": False}
-_SKIP = {**_WORKING, "patches": [*_WORKING["patches"], "skip_old_logprob"]}  # Step 3: no old_log_prob pass
+# Step 3: no old_log_prob pass. Its entropy metric now comes from the update forward; metric_entropy keeps
+# it out of the backward (verl backpropagates 0 x entropy; that recompute ran out of the 47.4 GiB card).
+_SKIP = {**_WORKING, "patches": [*_WORKING["patches"], "skip_old_logprob", "metric_entropy"]}
 _PINNED = {**_SKIP, "host_pin_memory": True}  # Step 4: pinned, reused staging buffers
 _RANK0 = {**_PINNED, "host_rank0_owner": True}  # Step 5: rank 0 owns the optimizer, broadcasts the fp32 master
 ARMS: dict[str, dict[str, Any]] = {

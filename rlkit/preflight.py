@@ -46,6 +46,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
     "actor_rollout_ref.actor.optim.optimizer_impl": "torch.optim",
+    "actor_rollout_ref.actor.entropy_coeff": 0,
+    "actor_rollout_ref.actor.calculate_entropy": False,
     "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat",
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
     "actor_rollout_ref.model.lora_rank": 0,
@@ -443,6 +445,14 @@ def check_fsdp1_offload_frees_nothing(c: VerlConfig, ctx: Context) -> list[Findi
                     "apply rlkit's offload_views patch, or set fsdp_config.use_orig_params=True, or use fsdp2")]
 
 
+def _update_entropy(c: VerlConfig, active_patches: Iterable[str]) -> str:
+    """How the update computes the entropy (budget.UPDATE_ENTROPY_BYTES), as verl 0.9.1's trainer decides it."""
+    coeff = float(c.get("actor_rollout_ref.actor.entropy_coeff") or 0.0)
+    if not (c.get("actor_rollout_ref.actor.calculate_entropy") or coeff != 0.0):
+        return "none"
+    return "detached" if coeff == 0.0 and "metric_entropy" in active_patches else "backprop"
+
+
 def _planner_spec(c: VerlConfig, ctx: Context):
     """A budget.PlanSpec from the config, or a reason why the planner cannot run."""
     from rlkit import budget
@@ -492,6 +502,7 @@ def _planner_spec(c: VerlConfig, ctx: Context):
     }
     if c.get(f"{ROLLOUT}.enforce_eager"):
         values["cudagraph_gib"] = 0.0
+    values["update_entropy"] = _update_entropy(c, ctx.active_patches)
     spec = budget.with_options(budget.PlanSpec(**values), sorted(options))
     return spec, ""
 

@@ -273,3 +273,14 @@ def test_notebook_run_metrics():
     assert len(m["seed_table"]) == 9 and len(m["plans"]) == len(cfg.option_sets)
     with pytest.raises(ParamError, match="option"):
         build(B.Config, {**values, "option_sets": ["cpu_step"]})
+
+
+def test_update_entropy_recomputed_in_backward_costs_six_bytes_per_logit():
+    base = B.PlanSpec(micro_batch_tokens=4096)
+    shape = B.resolve_model(base.model)
+    logits = {mode: B.plan(replace(base, update_entropy=mode)).device_gib["update_fwd_bwd"]["logits"]
+              for mode in B.UPDATE_ENTROPY_BYTES}
+    assert logits["detached"] == logits["none"]
+    assert logits["backprop"] - logits["none"] == pytest.approx(6 * 4096 * shape.vocab / B.GIB)
+    with pytest.raises(ParamError, match="update_entropy"):
+        B.PlanSpec(update_entropy="sometimes")

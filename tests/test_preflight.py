@@ -248,3 +248,14 @@ def test_defaults_match_verl_generated_config():
         for part in key.split("."):
             node = node[part]
         assert node.startswith("${oc.select:") and source.rsplit(".", 1)[-1] in node, f"{key}: verl has {node!r}"
+
+
+@pytest.mark.parametrize("extra, patches, expected", [
+    ([], [], "none"),
+    (["actor_rollout_ref.actor.calculate_entropy=true"], [], "backprop"),  # verl backpropagates 0 x entropy
+    (["actor_rollout_ref.actor.calculate_entropy=true"], ["metric_entropy"], "detached"),
+    (["actor_rollout_ref.actor.entropy_coeff=0.01"], ["metric_entropy"], "backprop"),  # a real entropy bonus
+])
+def test_planner_knows_how_the_update_computes_the_entropy(extra, patches, expected):
+    spec = PF.planner_spec_for_overrides(SEED4B + extra, patches, gpu_gib=47.4)
+    assert spec.update_entropy == expected

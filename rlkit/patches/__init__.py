@@ -23,6 +23,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "skip_old_logprob": "rlkit.patches.skip_old_logprob",
     "master_on_host": "rlkit.patches.master_on_host",
     "cast_once": "rlkit.patches.cast_once",
+    "metric_entropy": "rlkit.patches.metric_entropy",
 }
 
 
