@@ -118,11 +118,12 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
         return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
     first = json.loads((folder / names[0] / "metrics.json").read_text())["recipe"]
     lines = [f"**verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a {first['emulate_gpu_gib']:g} GiB "
-             f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']} + response "
-             f"{first['max_response_length']}; `outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..):", "",
-             "| arm | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | update_weights "
-             "| actor peak alloc. (GiB) | grad_norm | sanity | ranks max abs diff | planner |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']}; "
+             "`outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..; only rows with the same response "
+             "length and tokens per micro-batch are comparable):", "",
+             "| arm | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
+             "update_weights | actor peak alloc. (GiB) | device peak used (GiB) | grad_norm | sanity | ranks max abs diff | planner |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     complete = []
     for name in names:
         m = read_results(folder / name)
@@ -131,13 +132,19 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
             complete.append(name)
         s, check = m.get("summary") or {}, m.get("sanity") or {}
         steps = len(training_steps(m.get("steps", [])))
-        lines.append(f"| {name} | {m['recipe']['ppo_max_token_len_per_gpu']} | {result} | {steps} | {_fmt(s.get('step_s'))} | "
+        lines.append(f"| {name} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
+                     f"{result} | {steps} | {_fmt(s.get('step_s'))} | "
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
                      f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
+                     f"{_fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
                      f"{_fmt(s.get('grad_norm'), '.3f')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
                      f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(m))} |")
     lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
-              "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading."]
+              "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading.",
+              "", "`device peak used`: NVML's 1 Hz reading of the whole GPU (the actor, the sleeping vLLM engine, every CUDA "
+              "context), highest GPU. The emulation caps each process at the card, not their sum (`rlkit.emulate_card`): "
+              "above the card, the excess can be cached-but-free allocator memory that a real card would reclaim; what "
+              "it must hold is the actor's allocated peak, vLLM's residue while asleep and the CUDA contexts."]
     if len(complete) < 2:
         lines += ["", f"Arms that trained all their steps: {', '.join(complete) or 'none'}. The seed's arc (step time and "
                   "peak against the first working arm) needs at least that arm and a later one: not measured yet."]

@@ -258,7 +258,7 @@ def test_sanity_bar_fails_on_nan_zero_grad_or_differing_ranks():
 def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs():
     from rlkit.env import REPO_ROOT
 
-    run = REPO_ROOT / "outputs" / grpo.NOTEBOOK / "1-fixes-hostadamw-tok8192"
+    run = REPO_ROOT / "outputs" / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192"
     if not run.exists():
         pytest.skip("no committed GPU arm")
     committed = json.loads((run / "metrics.json").read_text())
