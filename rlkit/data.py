@@ -16,6 +16,7 @@ runs and tests exercise the same reading path as the real data.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +121,7 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.partial")
+    tmp = path.with_suffix(f".parquet.partial-{os.getpid()}")  # concurrent writers of one file do not collide
     pd.DataFrame(rows, columns=list(COLUMNS)).to_parquet(tmp, index=False)
     tmp.replace(path)
     return path

@@ -59,12 +59,10 @@ def gpus() -> list[dict]:
         return []
     from rlkit.measure import GpuSamplerUnavailable, gpu_memory_reader
 
-    used = None
-    if not os.environ.get("CUDA_VISIBLE_DEVICES"):  # NVML indices are physical; torch's follow that variable
-        try:
-            used = gpu_memory_reader()[0]()
-        except GpuSamplerUnavailable:
-            pass
+    try:
+        used = gpu_memory_reader()[0]()  # in CUDA's order (CUDA_VISIBLE_DEVICES), as torch numbers them
+    except GpuSamplerUnavailable:
+        used = None
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)

@@ -133,11 +133,35 @@ class GpuSamplerUnavailable(RuntimeError):
     """Neither NVML (nvidia-ml-py) nor nvidia-smi can read GPU memory here."""
 
 
+def visible_gpus(devices: list[tuple[int, str]], cuda_visible_devices: str | None) -> list[int]:
+    """Which of the machine's GPUs (``(index, uuid)`` as NVML lists them) this process's CUDA sees, in CUDA's
+    order. NVML ignores ``CUDA_VISIBLE_DEVICES``; a sampler beside a job on some GPUs of a shared machine must
+    not read the others. Entries are indices or (prefixes of) UUIDs; as in CUDA, the list ends at the first
+    entry that names no device. Unset: every GPU."""
+    if cuda_visible_devices is None:
+        return [index for index, _ in devices]
+    chosen: list[int] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if entry.isdigit():
+            match = [index for index, _ in devices if index == int(entry)]
+        else:
+            match = [index for index, uuid in devices if entry and uuid.startswith(entry)]
+        if len(match) != 1 or match[0] in chosen:
+            break
+        chosen.append(match[0])
+    return chosen
+
+
 def _nvml_reader():
+    import os
+
     import pynvml  # provided by nvidia-ml-py
 
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+    devices = [(i, u.decode() if isinstance(u, bytes) else u) for i, u in enumerate(uuids)]
+    handles = [handles[i] for i in visible_gpus(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
 
     def read() -> list[float]:
         return [pynvml.nvmlDeviceGetMemoryInfo(h).used / GIB for h in handles]
@@ -146,34 +170,60 @@ def _nvml_reader():
 
 
 def _smi_reader():
+    import os
     import shutil
     import subprocess
 
     if not shutil.which("nvidia-smi"):
         raise GpuSamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def read() -> list[float]:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10, check=True).stdout
-        return [int(x) / 1024 for x in out.split()]
+        rows = [[field.strip() for field in line.split(",")] for line in out.strip().splitlines()]
+        used = {int(index): int(mib) / 1024 for index, _, mib in rows}
+        return [used[i] for i in visible_gpus([(int(index), uuid) for index, uuid, _ in rows], visible)]
 
     return read
 
 
 def gpu_memory_reader():
-    """A function returning used GiB per GPU: NVML where nvidia-ml-py is installed, else nvidia-smi."""
+    """A function returning used GiB per GPU this process's CUDA sees (``CUDA_VISIBLE_DEVICES``): NVML where
+    nvidia-ml-py is installed, else nvidia-smi."""
     try:
         return _nvml_reader(), "nvml"
     except ImportError:
         return _smi_reader(), "nvidia-smi"
 
 
+def host_memory_reader():
+    """A function returning ``[used host GiB]``: MemTotal - MemAvailable from /proc/meminfo (memory new
+    allocations cannot get, all processes of the node). Raises :class:`GpuSamplerUnavailable` without it."""
+    from pathlib import Path
+
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        raise GpuSamplerUnavailable("no /proc/meminfo: host memory sampling needs Linux")
+
+    def read() -> list[float]:
+        fields = {}
+        for line in meminfo.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            fields[key] = int(rest.split()[0]) * 1024
+        return [(fields["MemTotal"] - fields["MemAvailable"]) / GIB]
+
+    return read
+
+
 class GpuSampler:
-    """Samples used GPU memory (device-wide, all processes) at a fixed rate in a background thread.
+    """Samples used GPU memory (device-wide, all processes) of the GPUs this process's CUDA sees, at a
+    fixed rate in a background thread.
 
     ``mark(phase)`` stamps phase boundaries so the timeline can be cut per phase; ``summary()``
     gives the peak per phase and overall. Device-wide memory is what vLLM's start-up check reads,
-    so it is the number to hold a planner against, unlike one process's allocator statistics.
+    so it is the number to hold a planner against, unlike one process's allocator statistics. Any other
+    ``reader`` (a function returning a list of GiB) is sampled the same way, e.g. :func:`host_memory_reader`.
     """
 
     def __init__(self, interval_s: float = 1.0, reader=None, source: str | None = None) -> None:

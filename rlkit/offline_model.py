@@ -17,6 +17,8 @@ The real path needs nothing from here: pass a hub id or a local directory as the
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +96,18 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
     """Write a random-init ``preset`` checkpoint and its padded tokenizer into ``out_dir``.
 
     An existing complete directory (``rlkit_offline_model.json`` matching preset, seed and dtype)
-    is reused unless ``overwrite``. Returns a description (path, parameter count, vocab sizes).
+    is reused unless ``overwrite``. The checkpoint is written into a sibling folder and renamed into place,
+    so concurrent jobs (two sweep points starting together) never read a half-written one. Returns a
+    description (path, parameter count, vocab sizes).
     """
     import torch
     from transformers import GenerationConfig
 
     out = Path(out_dir) if out_dir else default_dir(preset, seed)
-    marker = out / "rlkit_offline_model.json"
     wanted = {"preset": preset, "seed": seed, "dtype": dtype}
-    if marker.exists() and not overwrite:
-        info = json.loads(marker.read_text())
-        if all(info.get(k) == v for k, v in wanted.items()):
-            return info
+    existing = _complete(out, wanted)
+    if existing is not None and not overwrite:
+        return existing
     if texts is None:
         from rlkit.data import corpus, synthetic_rows
 
@@ -115,14 +117,36 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
     torch_dtype = getattr(torch, dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = models.build_random_model(preset, seed=seed, dtype=torch_dtype, device=device)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.bos_token_id, do_sample=True).save_pretrained(out)
+                     pad_token_id=config.bos_token_id, do_sample=True).save_pretrained(tmp)
     info = {**wanted, "path": str(out), "parameters": models.count_parameters(model),
             "vocab_size": config.vocab_size, "tokenizer_size": len(tokenizer),
             "special_tokens": special_token_ids(config.bos_token_id, config.eos_token_id)}
     del model
-    marker.write_text(json.dumps(info, indent=2))
+    (tmp / MARKER).write_text(json.dumps(info, indent=2))
+    if out.exists() and (overwrite or _complete(out, wanted) is None):
+        shutil.rmtree(out)  # an incomplete leftover, or one to overwrite
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another process put the same checkpoint there first
+        shutil.rmtree(tmp)
+        if _complete(out, wanted) is None:
+            raise
     return info
+
+
+MARKER = "rlkit_offline_model.json"
+
+
+def _complete(out: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The description of a finished checkpoint in ``out`` matching ``wanted`` (None otherwise)."""
+    marker = out / MARKER
+    if not marker.exists():
+        return None
+    info = json.loads(marker.read_text())
+    return info if all(info.get(k) == v for k, v in wanted.items()) else None

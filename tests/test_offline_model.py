@@ -91,3 +91,13 @@ def test_qwen_vocabulary_is_padded_with_qwen_special_ids():
     assert tokenizer.convert_ids_to_tokens([151643, 151644, 151645]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     assert tokenizer.eos_token_id == 151645 and tokenizer.pad_token_id == 151643
     assert tokenizer.decode([151935, 100000]) != ""
+
+
+def test_an_incomplete_directory_is_replaced_and_nothing_partial_is_left(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"half written")  # no marker: a crashed writer's leftover
+    info = offline_model.write_offline_model("tiny", out, seed=0, dtype="float32", device="cpu")
+    assert info["path"] == str(out) and (out / offline_model.MARKER).exists()
+    assert (out / "model.safetensors").stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
