@@ -390,7 +390,7 @@ def verify_subprocess(recipe: GRPORecipe, overrides: list[str], out_dir: Path, t
     result = json.loads(result_path.read_text())
     records = check_plugin_records(record_dir, recipe.patches)
     result["plugin_records"] = records
-    if result["active_patches"] != list(recipe.patches):
+    if sorted(result["active_patches"]) != sorted(recipe.patches):  # active() lists them in registry order
         raise RuntimeError(f"verl process has active patches {result['active_patches']}, recipe asked for "
                            f"{list(recipe.patches)}")
     return result
@@ -559,6 +559,9 @@ def describe(metrics: dict[str, Any]) -> str:
     if summary.get("gpu_peak_used_gib"):
         lines.append(f"Device-wide peak per GPU (all processes, 1 Hz samples): "
                      f"{', '.join(f'{g:.2f}' for g in summary['gpu_peak_used_gib'])} GiB.")
+    if summary.get("host_peak_above_baseline_gib") is not None:
+        lines.append(f"Host memory (the node's used memory, 1 Hz): peak {summary['host_peak_above_baseline_gib']:.1f} GiB "
+                     "above its value before verl started.")
     if summary.get("steps_averaged"):
         lines.append(
             f"Measured over steps {summary['steps_averaged']}: step {summary['step_s']:.1f} s (gen "
@@ -707,17 +710,29 @@ def stop_session(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _start_sampler():
-    """The 1 Hz device-wide memory sampler when a GPU can be read; None otherwise."""
-    if not gpu_count():
-        return None
-    from rlkit.measure import GpuSampler, GpuSamplerUnavailable
+def _start_samplers() -> tuple[Any, Any]:
+    """1 Hz samplers of device-wide GPU memory (when a GPU can be read) and of the node's used host memory;
+    None for one that cannot run here."""
+    from rlkit.measure import GpuSampler, GpuSamplerUnavailable, host_memory_reader
 
+    gpu = host = None
     try:
-        return GpuSampler(interval_s=1.0).start()
+        gpu = GpuSampler(interval_s=1.0).start() if gpu_count() else None
     except GpuSamplerUnavailable as err:
         print(f"no GPU memory sampling: {err}")
-        return None
+    try:
+        host = GpuSampler(interval_s=1.0, reader=host_memory_reader(), source="/proc/meminfo").start()
+    except GpuSamplerUnavailable as err:
+        print(f"no host memory sampling: {err}")
+    return gpu, host
+
+
+def host_memory_summary(sampler) -> dict[str, Any]:
+    """The node's used host memory over a launch: idle baseline (the first sample, before verl starts), peak,
+    and the peak above the baseline (what the job added, other tenants of the node aside)."""
+    used = [sample[0] for _, sample in sampler.samples]
+    return {"source": sampler.source, "interval_s": sampler.interval_s, "samples": len(used),
+            "baseline_gib": used[0], "peak_used_gib": max(used), "peak_above_baseline_gib": max(used) - used[0]}
 
 
 def read_run_files(log_text: str, record_dir: Path) -> dict[str, Any]:
@@ -741,7 +756,7 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
     for old in record_dir.glob(f"{rank_identity.RECORD_PREFIX}*"):
         old.unlink()
     log_path = out_dir / "verl.log"
-    sampler = _start_sampler()
+    sampler, host_sampler = _start_samplers()
     start = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command(overrides), stdout=log, stderr=subprocess.STDOUT,
@@ -753,14 +768,17 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
         finally:
             stop_session(proc)
     wall = time.time() - start
-    gpu_memory = None
+    gpu_memory = host_memory = None
     if sampler is not None:
         sampler.stop()
         gpu_memory = {**sampler.summary(), "timeline": [[round(t, 1), [round(u, 3) for u in used]]
                                                          for t, used in sampler.samples]}
+    if host_sampler is not None:
+        host_sampler.stop()
+        host_memory = host_memory_summary(host_sampler)
     text = log_path.read_text(errors="replace")
     result = {**read_run_files(text, record_dir), "wall_s": wall, "returncode": returncode,
-              "log_path": str(log_path), "gpu_memory": gpu_memory}
+              "log_path": str(log_path), "gpu_memory": gpu_memory, "host_memory": host_memory}
     steps, failure = result["steps"], result["failure"]
     if returncode != 0 or len(training_steps(steps)) < recipe.steps:
         if failure is not None:  # an OOM / vLLM refusal is what this arm does on this card: a result
@@ -849,6 +867,8 @@ def add_launch_result(metrics: dict[str, Any], recipe: GRPORecipe, result: dict[
     summary = summarize(steps)
     if result.get("gpu_memory"):
         summary["gpu_peak_used_gib"] = result["gpu_memory"]["peak_used_gib"]
+    if result.get("host_memory"):
+        summary["host_peak_above_baseline_gib"] = result["host_memory"]["peak_above_baseline_gib"]
     metrics.update(steps=steps, summary=summary, launch=result,
                    sanity=sanity(steps, result.get("rank_identity", []), recipe.n_gpus) if training_steps(steps) else None)
 

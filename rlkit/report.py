@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -122,8 +123,9 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
              "`outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..; only rows with the same response "
              "length and tokens per micro-batch are comparable):", "",
              "| arm | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
-             "update_weights | actor peak alloc. (GiB) | device peak used (GiB) | grad_norm | sanity | ranks max abs diff | planner |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "update_weights | tokens/s/GPU | actor peak alloc. (GiB) | device peak used (GiB) | host peak over idle (GiB) | "
+             "host used after update (GiB) | grad_norm | pg_loss | sanity | ranks max abs diff | planner |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     complete = []
     for name in names:
         m = read_results(folder / name)
@@ -135,16 +137,30 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
         lines.append(f"| {name} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
                      f"{result} | {steps} | {_fmt(s.get('step_s'))} | "
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
-                     f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
+                     f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('throughput_tok_s_per_gpu'), '.0f')} | "
+                     f"{_fmt(s.get('actor_max_allocated_gib'), '.2f')} | "
                      f"{_fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
-                     f"{_fmt(s.get('grad_norm'), '.3f')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
+                     f"{_fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | "
+                     f"{_fmt(s.get('host_memory_used_gib'), '.1f')} | {_fmt(s.get('grad_norm'), '.3f')} | "
+                     f"{_fmt(s.get('pg_loss'), '.2e')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
                      f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(m))} |")
+    for failed in sorted(folder.glob("*.failed")):
+        if failed.name.removesuffix(".failed") in ARMS and (failed / "FAILED.txt").exists():
+            text = (failed / "FAILED.txt").read_text().splitlines()
+            errors = [line.strip() for line in text if re.match(r"\s*\w+(Error|Exception): ", line)]
+            why = (errors[-1] if errors else text[0])[:160].replace("|", "/")
+            lines.append(f"| {failed.name} | | | run failed (`{failed.name}/FAILED.txt`): {why} |" + " |" * 16)
     lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
               "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading.",
               "", "`device peak used`: NVML's 1 Hz reading of the whole GPU (the actor, the sleeping vLLM engine, every CUDA "
               "context), highest GPU. The emulation caps each process at the card, not their sum (`rlkit.emulate_card`): "
               "above the card, the excess can be cached-but-free allocator memory that a real card would reclaim; what "
-              "it must hold is the actor's allocated peak, vLLM's residue while asleep and the CUDA contexts."]
+              "it must hold is the actor's allocated peak, vLLM's residue while asleep and the CUDA contexts. "
+              "`host peak over idle`: the node's used memory (/proc/meminfo, 1 Hz) at its highest during the launch, "
+              "less its value before verl started (runs since the second device session). `host used after update`: "
+              "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor. "
+              "A `.failed` row: the launcher stopped on an error other than running out of memory; its FAILED.txt and "
+              "verl.log say why, `COMMAND.txt` what was done about it."]
     if len(complete) < 2:
         lines += ["", f"Arms that trained all their steps: {', '.join(complete) or 'none'}. The seed's arc (step time and "
                   "peak against the first working arm) needs at least that arm and a later one: not measured yet."]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import data, grpo, offline_model, reward
+from rlkit import data, grpo, offline_model, patches, reward
 from rlkit import params as P
 from rlkit.results import load_profile
 
@@ -126,6 +126,22 @@ def test_verify_subprocess_validates_and_loads_the_plugin(tmp_path):
                               extra_overrides=("actor_rollout_ref.rollout.log_prob_micro_batch_size=4",))
     with pytest.raises(RuntimeError, match="log_prob_micro_batch_size"):
         grpo.verify_subprocess(bad, grpo.render_overrides(bad, grpo.Paths(model["path"], dataset.path)), tmp_path)
+
+
+@pytest.mark.verl
+def test_verify_subprocess_accepts_the_full_arc_in_its_own_order(tmp_path):
+    """The last arm names every patch in the arc's order, not the registry's; the plugin applies them in
+    that order and the check compares the sets (a verify of arm 5 once failed on the order alone)."""
+    values = {**load_profile(grpo.NOTEBOOK, "tiny"), **grpo.arm_values("5-master-on-host-cast-once")}
+    r = P.build(grpo.GRPORecipe, values)
+    assert list(r.patches) != [p for p in patches.KNOWN_PATCHES if p in r.patches]
+    dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
+    model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
+    ov = grpo.render_overrides(r, grpo.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = grpo.verify_subprocess(r, ov, tmp_path)
+    assert sorted(result["active_patches"]) == sorted(r.patches)
+    assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
+    assert result["plugin_records"][0]["wiring"] == ["master_on_host_verl"]
 
 
 def test_parse_console_log_fixture():

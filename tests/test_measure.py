@@ -71,3 +71,43 @@ def test_gpu_sampler_without_a_gpu_says_what_is_missing():
                 measure.gpu_memory_reader()
             return
     pytest.skip("GPU tooling present")
+
+
+def test_sampler_reads_only_the_gpus_cuda_sees():
+    gpus = [(0, "GPU-aaaa-0"), (1, "GPU-bbbb-1"), (2, "GPU-cccc-2")]
+    assert measure.visible_gpus(gpus, None) == [0, 1, 2]
+    assert measure.visible_gpus(gpus, "2,0") == [2, 0]  # CUDA's order: cuda:0 is GPU 2
+    assert measure.visible_gpus(gpus, "GPU-bbbb") == [1]  # a unique UUID prefix
+    assert measure.visible_gpus(gpus, "1,7,2") == [1]  # CUDA stops at the first entry naming no device
+    assert measure.visible_gpus(gpus, "GPU-") == []  # ambiguous prefix
+    assert measure.visible_gpus(gpus, "") == []
+
+
+def test_host_memory_reader_reports_the_nodes_used_memory():
+    import os
+
+    import pytest
+
+    try:
+        read = measure.host_memory_reader()
+    except measure.GpuSamplerUnavailable:
+        pytest.skip("no /proc/meminfo")
+    (used,) = read()
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / measure.GIB
+    assert 0 < used < total
+
+
+def test_launch_samplers_and_host_summary():
+    from rlkit import grpo
+
+    sampler = measure.GpuSampler(interval_s=0.01, reader=lambda: [0.0], source="scripted")  # never started
+    sampler.samples = [(0.0, [10.0]), (1.0, [12.5]), (2.0, [30.0]), (3.0, [11.0])]
+    summary = grpo.host_memory_summary(sampler)
+    assert summary["baseline_gib"] == 10.0 and summary["peak_used_gib"] == 30.0
+    assert summary["peak_above_baseline_gib"] == 20.0 and summary["source"] == "scripted"
+    gpu, host = grpo._start_samplers()  # this machine: no GPU to read, host memory from /proc/meminfo
+    try:
+        assert gpu is None and host is not None and host.source == "/proc/meminfo"
+    finally:
+        if host is not None:
+            host.stop()
