@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -144,12 +143,6 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{_fmt(s.get('host_memory_used_gib'), '.1f')} | {_fmt(s.get('grad_norm'), '.3f')} | "
                      f"{_fmt(s.get('pg_loss'), '.2e')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
                      f"{_fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(m))} |")
-    for failed in sorted(folder.glob("*.failed")):
-        if failed.name.removesuffix(".failed") in ARMS and (failed / "FAILED.txt").exists():
-            text = (failed / "FAILED.txt").read_text().splitlines()
-            errors = [line.strip() for line in text if re.match(r"\s*\w+(Error|Exception): ", line)]
-            why = (errors[-1] if errors else text[0])[:160].replace("|", "/")
-            lines.append(f"| {failed.name} | | | run failed (`{failed.name}/FAILED.txt`): {why} |" + " |" * 16)
     lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
               "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading.",
               "", "`device peak used`: NVML's 1 Hz reading of the whole GPU (the actor, the sleeping vLLM engine, every CUDA "
@@ -158,9 +151,7 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
               "it must hold is the actor's allocated peak, vLLM's residue while asleep and the CUDA contexts. "
               "`host peak over idle`: the node's used memory (/proc/meminfo, 1 Hz) at its highest during the launch, "
               "less its value before verl started (runs since the second device session). `host used after update`: "
-              "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor. "
-              "A `.failed` row: the launcher stopped on an error other than running out of memory; its FAILED.txt and "
-              "verl.log say why, `COMMAND.txt` what was done about it."]
+              "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor."]
     if len(complete) < 2:
         lines += ["", f"Arms that trained all their steps: {', '.join(complete) or 'none'}. The seed's arc (step time and "
                   "peak against the first working arm) needs at least that arm and a later one: not measured yet."]
