@@ -373,7 +373,7 @@ def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
 def verify_subprocess(recipe: GRPORecipe, overrides: list[str], out_dir: Path, timeout: float = 600) -> dict:
     """Run :func:`verify_in_verl` in a fresh process with the run's env; check the plugin records."""
     record_dir = out_dir / "plugin_records_verify"
-    _clear_records(record_dir)
+    clear_plugin_records(record_dir)
     (out_dir / "overrides.json").write_text(json.dumps(overrides, indent=1))
     result_path = out_dir / "verify_result.json"
     result_path.unlink(missing_ok=True)
@@ -396,7 +396,7 @@ def verify_subprocess(recipe: GRPORecipe, overrides: list[str], out_dir: Path, t
     return result
 
 
-def _clear_records(record_dir: Path) -> None:
+def clear_plugin_records(record_dir: Path) -> None:
     record_dir.mkdir(parents=True, exist_ok=True)
     for old in record_dir.glob("*.json"):
         old.unlink()
@@ -710,6 +710,52 @@ def stop_session(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def run_in_own_session(argv: list[str], *, env: dict[str, str] | None, cwd: Path, log_path: Path, timeout_s: float,
+                       on_line=None) -> tuple[int | str, float]:
+    """Run ``argv`` (verl's trainer) in a process session of its own with its console written straight to
+    ``log_path`` (``on_line`` gets each line as it lands there), and stop the whole session afterwards: on a
+    timeout, and after a clean exit too, since Ray's daemons and vLLM workers must not hold the GPUs into the
+    next launch. Returns the exit code (``"timeout"`` when ``timeout_s`` ran out) and the wall seconds."""
+    import threading
+
+    start = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    follower = None
+    if on_line is not None:
+        follower = threading.Thread(target=_follow, args=(log_path, proc, on_line), daemon=True)
+        follower.start()
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        returncode = "timeout"
+    finally:
+        stop_session(proc)
+    if follower is not None:
+        follower.join()
+    return returncode, time.time() - start
+
+
+def _follow(path: Path, proc: subprocess.Popen, on_line, poll_s: float = 0.2) -> None:
+    """Hand every complete line of the growing file ``path`` to ``on_line`` until ``proc`` has exited and
+    the file is read to its end."""
+    pending = ""
+    with open(path, errors="replace") as f:
+        while True:
+            exited = proc.poll() is not None
+            chunk = f.read()
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                on_line(line + "\n")
+            if exited and not chunk:
+                if pending:
+                    on_line(pending)
+                return
+            if not chunk:
+                time.sleep(poll_s)
+
+
 def _start_samplers() -> tuple[Any, Any]:
     """1 Hz samplers of device-wide GPU memory (when a GPU can be read) and of the node's used host memory;
     None for one that cannot run here."""
@@ -752,22 +798,13 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
     from rlkit.patches import rank_identity
 
     record_dir = out_dir / "plugin_records"
-    _clear_records(record_dir)
+    clear_plugin_records(record_dir)
     for old in record_dir.glob(f"{rank_identity.RECORD_PREFIX}*"):
         old.unlink()
     log_path = out_dir / "verl.log"
     sampler, host_sampler = _start_samplers()
-    start = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command(overrides), stdout=log, stderr=subprocess.STDOUT,
-                                env=launch_env(recipe, record_dir), cwd=out_dir, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=recipe.timeout_s)
-        except subprocess.TimeoutExpired:
-            returncode = "timeout"
-        finally:
-            stop_session(proc)
-    wall = time.time() - start
+    returncode, wall = run_in_own_session(command(overrides), env=launch_env(recipe, record_dir), cwd=out_dir,
+                                          log_path=log_path, timeout_s=recipe.timeout_s)
     gpu_memory = host_memory = None
     if sampler is not None:
         sampler.stop()

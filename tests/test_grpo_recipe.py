@@ -194,9 +194,9 @@ def test_read_results_tabulates_arms(tmp_path):
     base = {"recipe": {"patches": [], "optimizer": "AdamW"}, "launched": True,
             "steps": grpo.parse_console_metrics(FIXTURE.read_text())}
     base["summary"] = grpo.summarize(base["steps"])
-    for arm, patches in (("stock", []), ("offload_views", ["offload_views"])):
+    for arm, arm_patches in (("stock", []), ("offload_views", ["offload_views"])):
         (tmp_path / arm).mkdir()
-        metrics = {**base, "recipe": {**base["recipe"], "patches": patches}}
+        metrics = {**base, "recipe": {**base["recipe"], "patches": arm_patches}}
         (tmp_path / arm / "metrics.json").write_text(json.dumps(metrics))
     merged = grpo.read_results(tmp_path)
     assert [a["arm"] for a in merged["arms"]] == ["offload_views", "stock"]

@@ -82,10 +82,11 @@ def test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline(monke
     its arguments), fwd/bwd, verl's ``optimizer_step`` (clip, finite check, HostAdamW on the exposed host
     masters), and the exit (zero_grad, release, verl's offload). Starts from verl's offloaded layout (fp32
     on the host). Losses and masters must equal the unpatched computation bit for bit."""
+    from types import SimpleNamespace
+
     import torch
     from conftest import gloo_world_of_one
     from test_cast_once import LR, batch, tiny_fsdp, train
-    from types import SimpleNamespace
     from verl.utils import fsdp_utils
     from verl.workers.engine import base
     from verl.workers.engine.fsdp import transformer_impl

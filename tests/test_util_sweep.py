@@ -409,3 +409,26 @@ def test_session_members_finds_every_process_of_a_launched_session():
     while grpo.session_members(proc.pid) and time.time() < deadline:
         time.sleep(0.1)
     assert grpo.session_members(proc.pid) == []  # the grandchild went too
+
+
+
+def test_run_in_own_session_logs_every_line_and_stops_the_session_on_timeout(tmp_path):
+    import os
+    import sys
+    import time
+
+    from rlkit import grpo
+
+    script = ("import subprocess, sys, time; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(f'grandchild {child.pid}', flush=True); print('step:1 - a', flush=True); time.sleep(60)")
+    seen = []
+    returncode, wall = grpo.run_in_own_session([sys.executable, "-c", script], env=None, cwd=tmp_path,
+                                               log_path=tmp_path / "verl.log", timeout_s=3, on_line=seen.append)
+    assert returncode == "timeout" and 3 <= wall < 40
+    assert seen[1:] == ["step:1 - a\n"] and (tmp_path / "verl.log").read_text() == "".join(seen)
+    grandchild = int(seen[0].split()[1])
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{grandchild}") and time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{grandchild}")  # verl's own children (Ray, vLLM) go with the session

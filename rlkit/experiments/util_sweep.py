@@ -34,9 +34,7 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -519,13 +517,11 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
 
     A memory failure (OOM, vLLM refusing to start) is a result and is returned; any other failure raises.
     """
-    from rlkit.grpo import check_plugin_records, command, launch_env, stop_session
+    from rlkit.grpo import check_plugin_records, clear_plugin_records, command, launch_env, run_in_own_session
     from rlkit.measure import GpuSampler
 
     record_dir = out_dir / "plugin_records"
-    record_dir.mkdir(parents=True, exist_ok=True)
-    for old in record_dir.glob("*.json"):
-        old.unlink()
+    clear_plugin_records(record_dir)
     log_path = out_dir / "verl.log"
     env = launch_env(recipe, record_dir)
     env["VLLM_LOG_STATS_INTERVAL"] = str(VLLM_STATS_INTERVAL_S)
@@ -533,38 +529,22 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     sampler = GpuSampler(interval_s=cfg.sample_interval_s).start()
     time.sleep(3 * cfg.sample_interval_s)  # idle samples: the baseline the job's memory is measured from
     sampler.mark("launch")
-    start = time.time()
-    proc = subprocess.Popen(command(overrides), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env, cwd=out_dir, start_new_session=True)
-    timed_out = threading.Event()
 
-    def on_timeout() -> None:
-        timed_out.set()
-        stop_session(proc)
+    def mark_step(line: str) -> None:
+        m = step_line.search(_ANSI.sub("", line))
+        if m:
+            sampler.mark(f"logged:step{m.group(1)}")
 
-    timer = threading.Timer(cfg.timeout_s, on_timeout)
-    timer.start()
-    try:
-        with open(log_path, "w") as log:
-            for line in proc.stdout:
-                log.write(line)
-                m = step_line.search(_ANSI.sub("", line))
-                if m:
-                    sampler.mark(f"logged:step{m.group(1)}")
-        returncode = proc.wait()
-    finally:
-        timer.cancel()
-        stop_session(proc)  # also after a clean exit: Ray's daemons must not hold the GPU into the next point
-    wall = time.time() - start
+    returncode, wall = run_in_own_session(command(overrides), env=env, cwd=out_dir, log_path=log_path,
+                                          timeout_s=cfg.timeout_s, on_line=mark_step)
     sampler.mark("exited")
     released = _wait_for_release(sampler, RELEASE_WAIT_S)
     sampler.stop()
     text = log_path.read_text(errors="replace")
-    measured = measure_from_logs(text, sampler.samples, sampler.marks, cfg.case_spec, wall,
-                                 "timeout" if timed_out.is_set() else returncode)
+    measured = measure_from_logs(text, sampler.samples, sampler.marks, cfg.case_spec, wall, returncode)
     measured.update(log_path=str(log_path), sampler={"source": sampler.source, "interval_s": sampler.interval_s,
                     "samples": len(sampler.samples)}, device_released_after_s=released)
-    if measured["failure"] is None and (timed_out.is_set() or returncode != 0 or measured["steps_logged"] < cfg.steps):
+    if measured["failure"] is None and (returncode != 0 or measured["steps_logged"] < cfg.steps):
         tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"verl exited with {measured['returncode']} after {wall:.0f} s having logged "
                            f"{measured['steps_logged']}/{cfg.steps} steps and no memory failure; log {log_path}; "
