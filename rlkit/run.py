@@ -95,16 +95,17 @@ def grid_tag(base: str, point: dict[str, Any]) -> str:
 
 
 def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str | os.PathLike, *,
-            progress: bool) -> None:
+            progress: bool, cell_timeout_s: float | None = None) -> None:
     """papermill-execute ``path`` into ``output`` with ``RLKIT_OUT_DIR`` (where the notebook writes
-    metrics.json and figures) set for the kernel, and restored afterwards."""
+    metrics.json and figures) set for the kernel, and restored afterwards. ``cell_timeout_s``: a cell (or
+    the kernel's reply to it) taking longer fails the run instead of waiting forever."""
     import papermill
 
     before = os.environ.get("RLKIT_OUT_DIR")
     os.environ["RLKIT_OUT_DIR"] = str(out_dir)
     try:
         papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
-                                   cwd=str(path.parent), kernel_name="python3")
+                                   cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s)
     finally:
         if before is None:
             os.environ.pop("RLKIT_OUT_DIR", None)
@@ -113,7 +114,7 @@ def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str |
 
 
 def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = True,
-            root: Path | None = None) -> RunResult:
+            root: Path | None = None, cell_timeout_s: float | None = None) -> RunResult:
     """Execute one notebook into its results folder; never raises for a failing notebook."""
     folder = ResultsFolder(path.stem, tag, root=root)
     start = time.perf_counter()
@@ -121,7 +122,8 @@ def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = Tr
         with folder.writing() as work:
             folder.write_params(values)
             folder.write_env()
-            execute(path, work / "executed.ipynb", values, work.resolve(), progress=progress)
+            execute(path, work / "executed.ipynb", values, work.resolve(), progress=progress,
+                    cell_timeout_s=cell_timeout_s)
             metrics_file = work / "metrics.json"
             if not metrics_file.exists():
                 raise RunError(f"{path.name} ran but wrote no metrics.json into RLKIT_OUT_DIR")
@@ -200,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run once per value (several --grid give the cartesian product)")
     parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
     parser.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                        help="fail a run whose cell takes longer (default: no limit)")
     parser.add_argument("--render", default=None, metavar="RESULTS_DIR",
                         help="execute the notebook over saved results in RESULTS_DIR (adds executed.ipynb there)")
     ns = parser.parse_args(argv)
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for i, (path, values, tag) in enumerate(planned, 1):
         print(f"[{i}/{len(planned)}] {path.name} -> outputs/{path.stem}/{tag}", flush=True)
-        result = run_one(path, values, tag, progress=not ns.quiet)
+        result = run_one(path, values, tag, progress=not ns.quiet, cell_timeout_s=ns.cell_timeout)
         print(f"[{i}/{len(planned)}] {'ok' if result.ok else 'FAILED'} in {result.seconds:.1f} s", flush=True)
         results.append(result)
     print()

@@ -10,6 +10,7 @@ from rlkit.results import NBS_DIR, PARAMS_DIR, load_profile
 
 NOTEBOOKS = sorted(NBS_DIR.glob("[0-9]*.ipynb"))
 IDS = [p.stem for p in NOTEBOOKS]
+CELL_TIMEOUT_S = 600  # a tiny-profile cell takes seconds; a longer one is a hung kernel client
 
 # Top-level keys each notebook's metrics.json must have (the smoke run checks them).
 METRICS_KEYS: dict[str, set[str]] = {
@@ -57,7 +58,11 @@ def test_notebook_conventions(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_runs_with_tiny_profile(path, tmp_path):
     (_, values, tag), = R.plan_runs(path.stem, "tiny", [], [], "smoke")
-    result = R.run_one(path, values, tag, progress=False, root=tmp_path)
+    result = R.run_one(path, values, tag, progress=False, root=tmp_path, cell_timeout_s=CELL_TIMEOUT_S)
+    if not result.ok and "CellTimeoutError" in result.error:
+        # jupyter's kernel client now and then never sees the reply to a widget cell (nbclient #312;
+        # seen once in CI on 00's planner form): the tiny cells take seconds, so run it once more.
+        result = R.run_one(path, values, tag, progress=False, root=tmp_path, cell_timeout_s=CELL_TIMEOUT_S)
     assert result.ok, result.error
     metrics = json.loads(Path(result.folder, "metrics.json").read_text())
     missing = METRICS_KEYS.get(path.stem, set()) - set(metrics)

@@ -84,6 +84,17 @@ def test_failed_run_leaves_no_complete_looking_folder(notebook, tmp_path):
     assert "FAILED" in R.summary([result])
 
 
+def test_a_cell_over_the_timeout_fails_the_run(notebook, tmp_path):
+    path, _ = notebook
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_code_cell("import time\ntime.sleep(120)"))
+    nbformat.write(nb, path)
+    result = R.run_one(path, {"x": 1, "label": "b"}, "slow", progress=False, root=tmp_path / "outputs",
+                       cell_timeout_s=3)
+    assert not result.ok and "CellTimeoutError" in result.error
+    assert (tmp_path / "outputs" / "demo" / "slow.failed" / "FAILED.txt").exists()
+
+
 RENDER_BODY = (
     "import json, os\n"
     "metrics = json.load(open(os.path.join(results_dir, 'metrics.json')))\n"
