@@ -116,18 +116,17 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
                    and any(p.name == a or p.name.startswith(f"{a}-") for a in ARMS)) if folder.is_dir() else []
     if not names:
         return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
-    first = json.loads((folder / names[0] / "metrics.json").read_text())["recipe"]
+    loaded = {name: read_results(folder / name) for name in names}
+    first = loaded[names[0]]["recipe"]
+    header = ("| arm | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
+              "update_weights | tokens/s/GPU | actor peak alloc. (GiB) | device peak used (GiB) | host peak over idle (GiB) | "
+              "host used after update (GiB) | grad_norm | pg_loss | sanity | ranks max abs diff | planner |")
     lines = [f"**verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a {first['emulate_gpu_gib']:g} GiB "
              f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']}; "
              "`outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..; only rows with the same response "
-             "length and tokens per micro-batch are comparable):", "",
-             "| arm | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
-             "update_weights | tokens/s/GPU | actor peak alloc. (GiB) | device peak used (GiB) | host peak over idle (GiB) | "
-             "host used after update (GiB) | grad_norm | pg_loss | sanity | ranks max abs diff | planner |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "length and tokens per micro-batch are comparable):", "", header, "|" + "---|" * (header.count("|") - 1)]
     complete = []
-    for name in names:
-        m = read_results(folder / name)
+    for name, m in loaded.items():
         result = outcome(m)
         if result.startswith("trained"):
             complete.append(name)

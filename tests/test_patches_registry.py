@@ -54,3 +54,8 @@ def test_replace_attr_on_class_keeps_function_identity():
     assert A().f() == 2
     undo()
     assert A.__dict__["f"] is original
+
+
+def test_a_target_that_cannot_be_imported_names_patch_module_and_fix():
+    with pytest.raises(patches.PatchError, match=r"patch 'demo' patches no_such_module_rlkit .* Fix: install it\."):
+        patches.import_target("demo", "no_such_module_rlkit", "install it")

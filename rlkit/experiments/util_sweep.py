@@ -44,8 +44,6 @@ from rlkit import budget
 from rlkit import params as P
 
 NOTEBOOK = "06_util_sweep"
-# vLLM's total on the H200 node as vLLM itself printed it (notes/gpu-node.md: "(123.08/139.8 GiB)");
-# used only to render the command where no GPU can be asked (CPU); a launch measures the real total.
 VLLM_STATS_INTERVAL_S = 2.0  # VLLM_LOG_STATS_INTERVAL for the launch (vLLM's default is 10 s)
 RELEASE_WAIT_S = 90.0  # after verl exits, wait this long at most for the device to return to idle
 
@@ -102,7 +100,7 @@ CASES: dict[str, Case] = {
     # The first working arm of notebook 05 on one emulated RTX A6000 (47.4 GiB, the A6000's total as CUDA
     # reports it): 256 + 512 tokens, 32 x 8, one on-policy mini-batch, param offload with the offload_views
     # fix, the AdamW step on the host (a device AdamW step cannot fit the card, seed Step 2), dynamic bsz of
-    # 8192 tokens (16384 ran out of the card in outputs/05_grpo_qwen3_4b/1-fixes-hostadamw; 8192 trained).
+    # 8192 tokens (16384 ran out of the card in outputs/05_grpo_qwen3_4b/1-fixes-hostadamw-resp512-tok16384; 8192 trained).
     "qwen3_4b_48g": Case(
         description="the first working Qwen3-4B arm (notebook 05) on an emulated 48 GB card (47.4 GiB CUDA total)",
         model="qwen3-4b", emulated_total_gib=47.4, max_prompt_length=256, max_response_length=512,

@@ -84,6 +84,16 @@ class Patch:
         return self._undo is not None
 
 
+def import_target(patch: str, module: str, fix: str = "install rlkit's [verl] extra (verl==0.9.1)"):
+    """The module ``patch`` modifies; a :class:`PatchError` naming the patch, the module and ``fix`` when it
+    cannot be imported here."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise PatchError(f"patch {patch!r} patches {module} but it cannot be imported here ({err}). "
+                         f"Fix: {fix}.") from err
+
+
 def get(name: str) -> Patch:
     """The patch called ``name`` (its module is imported on first use)."""
     if name not in KNOWN_PATCHES:

@@ -22,7 +22,7 @@ The optimizer must step host-resident parameters in place: ``actor.optim.optimiz
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, PatchError, replace_attr
+from rlkit.patches import Patch, import_target, replace_attr
 
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 ATTR = "_rlkit_host_masters"
@@ -55,13 +55,7 @@ def _masters_of(engine):
 
 
 def _apply():
-    import importlib
-
-    try:
-        engine_module = importlib.import_module(VERL_ENGINE_MODULE)
-    except ImportError as err:
-        raise PatchError(f"patch 'master_on_host_verl' needs verl ({VERL_ENGINE_MODULE}): {err}") from err
-    engine_cls = engine_module.FSDPEngine
+    engine_cls = import_target("master_on_host_verl", VERL_ENGINE_MODULE).FSDPEngine
     original_to = engine_cls.to
     original_step = engine_cls.optimizer_step
 

@@ -14,18 +14,13 @@ differ); the entropy metric is the same tensor. With ``entropy_coeff != 0`` noth
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, PatchError, replace_attr
+from rlkit.patches import Patch, import_target, replace_attr
 
 VERL_WORKERS_MODULE = "verl.workers.engine_workers"
 
 
 def _apply():
-    import importlib
-
-    try:
-        workers = importlib.import_module(VERL_WORKERS_MODULE)
-    except ImportError as err:
-        raise PatchError(f"patch 'metric_entropy' needs verl ({VERL_WORKERS_MODULE}): {err}") from err
+    workers = import_target("metric_entropy", VERL_WORKERS_MODULE)
     original = workers.ppo_loss
 
     def ppo_loss(config, model_output, data, dp_group=None):

@@ -14,7 +14,7 @@ bugged and fixed wrapping from it on a machine without verl); the patch routes v
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, PatchError, replace_attr
+from rlkit.patches import Patch, import_target, replace_attr
 
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 
@@ -42,16 +42,9 @@ def sharding_strategy_for_mesh(mesh, *, fixed: bool, zero3_enable: bool = True):
 
 
 def _apply():
-    import importlib
-
-    try:
-        engine = importlib.import_module(VERL_ENGINE_MODULE)
-    except ImportError as err:
-        raise PatchError(
-            f"patch 'no_shard' patches verl ({VERL_ENGINE_MODULE}.get_sharding_strategy) but verl cannot be "
-            f"imported here ({err}). Fix: install rlkit's [verl] extra (verl==0.9.1), or, without verl, build "
-            f"the FSDP wrapping with rlkit.patches.no_shard.sharding_strategy_for_mesh(mesh, fixed=True)."
-        ) from err
+    engine = import_target("no_shard", VERL_ENGINE_MODULE,
+                           "install rlkit's [verl] extra (verl==0.9.1), or, without verl, build the FSDP wrapping "
+                           "with rlkit.patches.no_shard.sharding_strategy_for_mesh(mesh, fixed=True)")
     original = engine.get_sharding_strategy
 
     def get_sharding_strategy(device_mesh, zero3_enable=True):
