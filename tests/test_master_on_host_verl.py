@@ -79,8 +79,8 @@ def _verl_engine(module, optimizer):
 
 def test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline(monkeypatch):
     """The cycle the GRPO arm runs, through verl's own code: ``engine.train_mode()`` (its `to`, which checks
-    its arguments), fwd/bwd, verl's ``optimizer_step`` (clip, finite check, HostAdamW on the exposed host
-    masters), and the exit (zero_grad, release, verl's offload). Starts from verl's offloaded layout (fp32
+    its arguments) with train_batch's nested ``train_mode`` inside, fwd/bwd, verl's ``optimizer_step`` (clip,
+    finite check, HostAdamW on the exposed host masters), and both exits (zero_grad; release, verl's offload). Starts from verl's offloaded layout (fp32
     on the host). Losses and masters must equal the unpatched computation bit for bit."""
     from types import SimpleNamespace
 
@@ -108,11 +108,15 @@ def test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline(monke
         losses = []
         for step in range(2):
             host = [p.data.data_ptr() for p in params]
+            # As verl's train_mini_batch: its train_mode context around train_batch's own (no auto offload),
+            # whose exit zeroes the grads and resets engine.mode to None before the outer exit offloads.
             with engine.train_mode():
                 assert wiring.host_masters(engine) is not None
-                losses.append(U.run_fwd_bwd(model, batch(step, 6), 3, None))
-                grad_norm = engine.optimizer_step()
-                assert grad_norm > 0 and torch.isfinite(torch.tensor(grad_norm))
+                with engine.train_mode(disable_auto_offload=True):
+                    losses.append(U.run_fwd_bwd(model, batch(step, 6), 3, None))
+                    grad_norm = engine.optimizer_step()
+                    assert grad_norm > 0 and torch.isfinite(torch.tensor(grad_norm))
+                assert engine.mode is None and wiring.host_masters(engine) is not None
             assert wiring.host_masters(engine) is None and [p.data_ptr() for p in params] == host
         assert losses == reference["loss"]
         for got, ref in zip(params, reference["masters"], strict=True):

@@ -11,8 +11,9 @@ param offload and the ``master_on_host`` patch active:
   offload left as the masters (no copy) and gives FSDP freed device placeholders.
 * ``FSDPEngine.optimizer_step``: verl's own step (clip, finite check, ``optimizer.step()``) runs with
   the masters exposed, so HostAdamW updates them in place on the host; gradients stay on the device.
-* ``FSDPEngine.to("cpu", model=True)`` in train mode: :meth:`HostMasters.release_to_host` puts the
-  masters back where verl's offload keeps them, and verl's offload then has nothing to move.
+* ``FSDPEngine.to("cpu", model=True)`` while the masters are parked (the train-mode exit):
+  :meth:`HostMasters.release_to_host` puts them back where verl's offload keeps them, and verl's offload
+  then has nothing to move.
 
 Eval mode (the old-log-prob pass) and the weight sync (``get_per_tensor_param``) keep verl's load to the
 device unchanged. With ``cast_once`` the bf16 copy is cast once per step (a host-to-device transfer
@@ -60,14 +61,17 @@ def _apply():
     original_step = engine_cls.optimizer_step
 
     def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-        if model and _wired(self):
-            masters = _masters_of(self)
-            if device != "cpu":
-                # grad=False: verl asserts grad implies model; FSDP1 grads need no move (they live on the device).
-                original_to(self, device, model=False, optimizer=optimizer, grad=False)
-                masters.park_offloaded()
-                return None
-            masters.release_to_host()
+        if model and device == "cpu":
+            # Decided by the parked state, not engine.mode: verl's train_mini_batch nests train_batch's own
+            # train_mode context, whose exit resets engine.mode to None before the outer exit offloads.
+            masters = host_masters(self)
+            if masters is not None:
+                masters.release_to_host()
+        elif model and _wired(self):
+            # grad=False: verl asserts grad implies model; FSDP1 grads need no move (they live on the device).
+            original_to(self, device, model=False, optimizer=optimizer, grad=False)
+            _masters_of(self).park_offloaded()
+            return None
         return original_to(self, device, model=model, optimizer=optimizer, grad=grad)
 
     def optimizer_step(self):
