@@ -288,10 +288,12 @@ LOGITS_BYTES = {"torch_rowwise": {"train": 8, "forward": 8}, "torch_fp32": {"tra
 # none:     no entropy in the update.
 # detached: computed in the forward only (checkpointed, and kept out of backward: entropy_coeff 0 with the
 #           metric_entropy patch); its transient (bf16 softmax 2 + fp32 temporary 4, next to the logits)
-#           stays within the training peak above.
+#           was expected to stay within the training peak above. Measured otherwise: 3-pinned peaked 6.36 GiB
+#           above 1-fixes-hostadamw (outputs/05_grpo_qwen3_4b/, ~5.5 bytes per logit element of its 8192-token
+#           micro-batches); what holds it is not identified yet, so the planner is x0.92 on that arm.
 # backprop: backward recomputes entropy_from_logits (verl 0.9.1 adds -0 x entropy to the loss, or a real
 #           entropy bonus): the bf16 softmax (2) and an fp32 temporary (4) on top of the log-prob backward's
-#           buffers. outputs/05_grpo_qwen3_4b/2-skip-old-logprob ran out of the card in that recompute.
+#           buffers. outputs/05_grpo_qwen3_4b/2-skip-old-logprob-entropy-backprop ran out of the card in that recompute.
 UPDATE_ENTROPY_BYTES = {"none": 0, "detached": 0, "backprop": 6}
 
 

@@ -5,7 +5,7 @@ the skipped pass) and ``entropy_coeff == 0``, verl's ``ppo_loss`` still adds ``-
 loss. Backward then runs through the entropy: with ``entropy_checkpointing`` it recomputes
 ``entropy_from_logits`` over the whole micro-batch (a bf16 softmax and an fp32 temporary, 6 bytes per
 token x vocabulary element) while the log-prob backward holds its own logits buffers. On the 2 x H200 arms
-emulating 47.4 GiB cards that recompute ran out of memory (outputs/05_grpo_qwen3_4b/2-skip-old-logprob).
+emulating 47.4 GiB cards that recompute ran out of memory (outputs/05_grpo_qwen3_4b/2-skip-old-logprob-entropy-backprop).
 
 This patch wraps the ``ppo_loss`` that verl's engine workers bind at start-up: when ``entropy_coeff == 0``
 the entropy reaches the loss detached. The entropy branch contributes ``-0 * d(entropy)`` to the logits'
