@@ -92,7 +92,7 @@ def test_recipe_launches_the_utilization_unchanged_on_the_emulated_card():
     assert recipe.gpu_memory_utilization == 0.5 and recipe.emulate_gpu_gib == recipe.planner_gpu_gib == 47.4
     assert recipe.optimizer == "HostAdamW" and not recipe.optimizer_offload  # the first working arm of notebook 05
     assert "actor_rollout_ref.rollout.disable_log_stats=False" in recipe.extra_overrides
-    assert "actor_rollout_ref.rollout.max_model_len=768" in recipe.extra_overrides
+    assert "actor_rollout_ref.rollout.max_model_len=512" in recipe.extra_overrides  # prompt 256 + response 256
     assert "cpu_optimizer_step" in U.planner_spec(cfg).options
 
 

@@ -98,12 +98,14 @@ CASES: dict[str, Case] = {
         optimizer="AdamW", patches=(), max_num_batched_tokens=4096, data_rows=2048,
     ),
     # The first working arm of notebook 05 on one emulated RTX A6000 (47.4 GiB, the A6000's total as CUDA
-    # reports it): 256 + 512 tokens, 32 x 8, one on-policy mini-batch, param offload with the offload_views
-    # fix, the AdamW step on the host (a device AdamW step cannot fit the card, seed Step 2), dynamic bsz of
-    # 8192 tokens (16384 ran out of the card in outputs/05_grpo_qwen3_4b/1-fixes-hostadamw-resp512-tok16384; 8192 trained).
+    # reports it): 256 + 256 tokens as notebook 05's h200 profile (outputs/05_grpo_qwen3_4b/1-fixes-hostadamw), 32 x 8,
+    # one on-policy mini-batch, param offload with the offload_views fix, the AdamW step on the host (a device
+    # AdamW step cannot fit the card, seed Step 2), dynamic bsz of 8192 tokens (16384 ran out of the card in
+    # outputs/05_grpo_qwen3_4b/1-fixes-hostadamw-resp512-tok16384; 8192 trained). Here the whole batch is on one
+    # GPU, so a point's update is about twice the two-GPU arm's (which took 495 s from launch to exit).
     "qwen3_4b_48g": Case(
         description="the first working Qwen3-4B arm (notebook 05) on an emulated 48 GB card (47.4 GiB CUDA total)",
-        model="qwen3-4b", emulated_total_gib=47.4, max_prompt_length=256, max_response_length=512,
+        model="qwen3-4b", emulated_total_gib=47.4, max_prompt_length=256, max_response_length=256,
         train_batch_size=32, rollout_n=8, ppo_mini_batch_size=32, use_dynamic_bsz=True,
         ppo_max_token_len_per_gpu=8192, micro_batch_size_per_gpu=4, param_offload=True, optimizer_offload=False,
         optimizer="HostAdamW", patches=("offload_views",), max_num_batched_tokens=0, data_rows=2048,
