@@ -107,6 +107,12 @@ def _planner_cell(check: dict | None) -> str:
     return check["planner_verdict"]
 
 
+def _run_commit(run_dir: Path) -> str:
+    """The rlkit commit a run came from, as its env.json recorded it."""
+    env = run_dir / "env.json"
+    return (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
+
+
 def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """The verl + vLLM arms of notebook 05 (one folder per arm, named after rlkit.grpo.ARMS)."""
     from rlkit.grpo import ARMS, outcome, planner_check, read_results, training_steps
@@ -118,18 +124,19 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
         return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
     loaded = {name: read_results(folder / name) for name in names}
     first = loaded[names[0]]["recipe"]
-    header = ("| arm | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
+    header = ("| arm | commit | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
               "update_weights | tokens/s/GPU | actor peak alloc. (GiB) | device peak used (GiB) | host peak over idle (GiB) | "
               "host used after update (GiB) | grad_norm | pg_loss | sanity | ranks max abs diff | planner |")
     lines = [f"**verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a {first['emulate_gpu_gib']:g} GiB "
              f"card** ({first['train_batch_size']} x {first['rollout_n']}, prompt {first['max_prompt_length']}; "
              "`outputs/05_grpo_qwen3_4b/<arm>/metrics.json`; means over steps 2..; only rows with the same response "
-             "length and tokens per micro-batch are comparable):", "", header, "|" + "---|" * (header.count("|") - 1)]
+             "length and tokens per micro-batch are comparable; `commit` is the rlkit commit a run came from (env.json), "
+             "one per device session, and rows from different sessions ran on different leases of the node):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, m in loaded.items():
         result = outcome(m)
         s, check = m.get("summary") or {}, m.get("sanity") or {}
         steps = len(training_steps(m.get("steps", [])))
-        lines.append(f"| {name} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
+        lines.append(f"| {name} | {_run_commit(folder / name)} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
                      f"{result} | {steps} | {_fmt(s.get('step_s'))} | "
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
                      f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('throughput_tok_s_per_gpu'), '.0f')} | "
@@ -148,7 +155,8 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
               "`host peak over idle`: the node's used memory (/proc/meminfo, 1 Hz) at its highest during the launch, "
               "less its value before verl started (runs since the second device session). `host used after update`: "
               "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor."]
-    return lines + ["", arc_summary({name: m for name, m in loaded.items() if name in ARMS})]
+    arms = {name: m for name, m in loaded.items() if name in ARMS}
+    return lines + ["", arc_summary(arms, {name: _run_commit(folder / name) for name in arms})]
 
 
 # The issue's targets for the full arc against the first working arm (seed 000 on 2 x A6000: 445-450 s -> 369.4 s,
@@ -158,9 +166,10 @@ ARC_PEAK_CUT_GIB = 7.0
 FIRST_WORKING_ARM = "1-fixes-hostadamw"
 
 
-def arc_summary(arms: dict[str, dict]) -> str:
+def arc_summary(arms: dict[str, dict], commits: dict[str, str] | None = None) -> str:
     """The seed's arc in one paragraph: every later arm that trained all its steps with the first working arm's
-    response length and token budget, against that arm; then the full arc (the last arm) against the targets."""
+    response length and token budget, against that arm (marked when ``commits`` shows it ran in another device
+    session); then the full arc (the last arm) against the targets."""
     from rlkit.grpo import ARMS, outcome
 
     base = arms.get(FIRST_WORKING_ARM)
@@ -168,11 +177,13 @@ def arc_summary(arms: dict[str, dict]) -> str:
         return f"The seed's arc is measured against {FIRST_WORKING_ARM}, which has no complete run yet."
     keys = ("max_response_length", "ppo_max_token_len_per_gpu")
     b = base["summary"]
-    later = [a for a in list(ARMS)[list(ARMS).index(FIRST_WORKING_ARM) + 1:]]
+    later = list(ARMS)[list(ARMS).index(FIRST_WORKING_ARM) + 1:]
     done = [a for a in later if a in arms and outcome(arms[a]).startswith("trained")
             and all(arms[a]["recipe"][k] == base["recipe"][k] for k in keys)]
     parts = [f"{a}: step {arms[a]['summary']['step_s']:.1f} s (x{arms[a]['summary']['step_s'] / b['step_s']:.3f}), "
              f"actor peak {arms[a]['summary']['actor_max_allocated_gib'] - b['actor_max_allocated_gib']:+.2f} GiB"
+             + (f" (another device session: {commits[a]} vs {commits[FIRST_WORKING_ARM]})"
+                if commits and commits.get(a) != commits.get(FIRST_WORKING_ARM) else "")
              for a in done]
     text = (f"The seed's arc against the first working arm, {FIRST_WORKING_ARM} (step {b['step_s']:.1f} s, actor peak "
             f"{b['actor_max_allocated_gib']:.2f} GiB): " + ("; ".join(parts) if parts else "no later arm trained yet") + ".")

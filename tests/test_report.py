@@ -36,7 +36,9 @@ def test_arc_summary_judges_the_full_arc_against_the_targets():
     base = {report.FIRST_WORKING_ARM: _arm(100.0, 40.0)}
     assert "no complete run yet" in report.arc_summary({})
     partial = report.arc_summary({**base, later[0]: _arm(90.0, 41.0), later[-1]: _arm(50.0, 20.0, response=512)})
-    assert f"{later[0]}: step 90.0 s (x0.900), actor peak +1.00 GiB" in partial
+    assert f"{later[0]}: step 90.0 s (x0.900), actor peak +1.00 GiB." in partial
+    sessions = {report.FIRST_WORKING_ARM: "aaa", later[0]: "bbb"}
+    assert "+1.00 GiB (another device session: bbb vs aaa)" in report.arc_summary({**base, later[0]: _arm(90.0, 41.0)}, sessions)
     assert "not measured yet" in partial and later[-1] in partial.split("no complete run of")[1]  # other response length
     met = report.arc_summary({**base, later[-1]: _arm(84.0, 33.0)})
     assert "16.0% shorter (target 16%: met)" in met and "7.00 GiB lower (target 7 GiB: met)" in met
