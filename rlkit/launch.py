@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,9 +46,10 @@ def run_module(
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "w") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, timeout=timeout)
-        if nproc > 1 and proc.returncode != 0 and _aborted(log_file):
-            # A gloo rank can die of SIGABRT ("terminate called without an active exception") on a loaded
-            # 2-core machine; what a run computes is deterministic, so one retry cannot change a result.
+        if proc.returncode != 0 and _aborted(proc.returncode, log_file):
+            # A process using gloo (any world size, a world of one too) can die of SIGABRT ("terminate called
+            # without an active exception") on a loaded 2-core machine; what a run computes is deterministic,
+            # so one retry cannot change a result.
             print(f"rlkit.launch: a rank of {module} aborted (SIGABRT); running it once more", file=sys.stderr)
             result_path.unlink(missing_ok=True)
             with open(log_file, "a") as log:
@@ -82,6 +84,9 @@ def child_main(fn: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         os._exit(0)
 
 
-def _aborted(log_file: Path) -> bool:
+def _aborted(returncode: int, log_file: Path) -> bool:
+    """SIGABRT: the process's own exit status (one process), or torchrun's report of a rank (several)."""
+    if returncode == -signal.SIGABRT:
+        return True
     text = log_file.read_text(errors="replace")
     return "SIGABRT" in text or "terminate called" in text
