@@ -18,7 +18,7 @@ Two things make a process behave as on a card of ``E`` GiB shared by every proce
 
 What one process cannot see is the sum over processes: the cap is per process, so a check that the
 actor and the sleeping vLLM together stay within ``E`` is made from the device-wide 1 Hz samples
-(:class:`rlkit.measure.GpuSampler`), which the recipe records as ``peak_used_gib`` per GPU.
+(:class:`rlkit.measure.MemorySampler`), which the recipe records as ``peak_used_gib`` per GPU.
 
 verl processes install this through the rlkit plugin when ``RLKIT_EMULATE_GPU_GIB`` is set.
 """

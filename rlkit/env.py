@@ -57,11 +57,11 @@ def gpus() -> list[dict]:
         return []
     if not torch.cuda.is_available():
         return []
-    from rlkit.measure import GpuSamplerUnavailable, gpu_memory_reader
+    from rlkit.measure import SamplerUnavailable, gpu_memory_reader
 
     try:
         used = gpu_memory_reader()[0]()  # in CUDA's order (CUDA_VISIBLE_DEVICES), as torch numbers them
-    except GpuSamplerUnavailable:
+    except SamplerUnavailable:
         used = None
     out = []
     for i in range(torch.cuda.device_count()):

@@ -759,16 +759,16 @@ def _follow(path: Path, proc: subprocess.Popen, on_line, poll_s: float = 0.2) ->
 def _start_samplers() -> tuple[Any, Any]:
     """1 Hz samplers of device-wide GPU memory (when a GPU can be read) and of the node's used host memory;
     None for one that cannot run here."""
-    from rlkit.measure import GpuSampler, GpuSamplerUnavailable, host_memory_reader
+    from rlkit.measure import MemorySampler, SamplerUnavailable, host_memory_reader
 
     gpu = host = None
     try:
-        gpu = GpuSampler(interval_s=1.0).start() if gpu_count() else None
-    except GpuSamplerUnavailable as err:
+        gpu = MemorySampler(interval_s=1.0).start() if gpu_count() else None
+    except SamplerUnavailable as err:
         print(f"no GPU memory sampling: {err}")
     try:
-        host = GpuSampler(interval_s=1.0, reader=host_memory_reader(), source="/proc/meminfo").start()
-    except GpuSamplerUnavailable as err:
+        host = MemorySampler(interval_s=1.0, reader=host_memory_reader(), source="/proc/meminfo").start()
+    except SamplerUnavailable as err:
         print(f"no host memory sampling: {err}")
     return gpu, host
 

@@ -129,8 +129,9 @@ class MetricsRecorder:
         return write_json_atomic(Path(out_dir) / "metrics.json", self.data)
 
 
-class GpuSamplerUnavailable(RuntimeError):
-    """Neither NVML (nvidia-ml-py) nor nvidia-smi can read GPU memory here."""
+class SamplerUnavailable(RuntimeError):
+    """The memory a sampler should read cannot be read here (GPU: neither NVML (nvidia-ml-py) nor nvidia-smi;
+    host: no /proc/meminfo)."""
 
 
 def visible_gpus(devices: list[tuple[int, str]], cuda_visible_devices: str | None) -> list[int]:
@@ -175,7 +176,7 @@ def _smi_reader():
     import subprocess
 
     if not shutil.which("nvidia-smi"):
-        raise GpuSamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
+        raise SamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def read() -> list[float]:
@@ -199,12 +200,12 @@ def gpu_memory_reader():
 
 def host_memory_reader():
     """A function returning ``[used host GiB]``: MemTotal - MemAvailable from /proc/meminfo (memory new
-    allocations cannot get, all processes of the node). Raises :class:`GpuSamplerUnavailable` without it."""
+    allocations cannot get, all processes of the node). Raises :class:`SamplerUnavailable` without it."""
     from pathlib import Path
 
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():
-        raise GpuSamplerUnavailable("no /proc/meminfo: host memory sampling needs Linux")
+        raise SamplerUnavailable("no /proc/meminfo: host memory sampling needs Linux")
 
     def read() -> list[float]:
         fields = {}
@@ -216,9 +217,9 @@ def host_memory_reader():
     return read
 
 
-class GpuSampler:
-    """Samples used GPU memory (device-wide, all processes) of the GPUs this process's CUDA sees, at a
-    fixed rate in a background thread.
+class MemorySampler:
+    """Samples used memory at a fixed rate in a background thread: by default GPU memory (device-wide, all
+    processes) of the GPUs this process's CUDA sees.
 
     ``mark(phase)`` stamps phase boundaries so the timeline can be cut per phase; ``summary()``
     gives the peak per phase and overall. Device-wide memory is what vLLM's start-up check reads,
@@ -244,7 +245,7 @@ class GpuSampler:
             self.samples.append((time.time() - self._t0, self.read()))
             self._stop.wait(self.interval_s)
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> "MemorySampler":
         self._thread.start()
         return self
 

@@ -44,7 +44,7 @@ def test_gpu_sampler_cuts_the_timeline_by_phase():
     import time
 
     values = itertools.count()
-    sampler = measure.GpuSampler(interval_s=0.01, reader=lambda: [float(next(values))], source="counter")
+    sampler = measure.MemorySampler(interval_s=0.01, reader=lambda: [float(next(values))], source="counter")
     with sampler:
         sampler.mark("rollout")
         time.sleep(0.05)
@@ -67,7 +67,7 @@ def test_gpu_sampler_without_a_gpu_says_what_is_missing():
         import pynvml  # noqa: F401
     except ImportError:
         if shutil.which("nvidia-smi") is None:
-            with pytest.raises(measure.GpuSamplerUnavailable, match="nvidia-ml-py"):
+            with pytest.raises(measure.SamplerUnavailable, match="nvidia-ml-py"):
                 measure.gpu_memory_reader()
             return
     pytest.skip("GPU tooling present")
@@ -90,7 +90,7 @@ def test_host_memory_reader_reports_the_nodes_used_memory():
 
     try:
         read = measure.host_memory_reader()
-    except measure.GpuSamplerUnavailable:
+    except measure.SamplerUnavailable:
         pytest.skip("no /proc/meminfo")
     (used,) = read()
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / measure.GIB
@@ -100,7 +100,7 @@ def test_host_memory_reader_reports_the_nodes_used_memory():
 def test_launch_samplers_and_host_summary():
     from rlkit import grpo
 
-    sampler = measure.GpuSampler(interval_s=0.01, reader=lambda: [0.0], source="scripted")  # never started
+    sampler = measure.MemorySampler(interval_s=0.01, reader=lambda: [0.0], source="scripted")  # never started
     sampler.samples = [(0.0, [10.0]), (1.0, [12.5]), (2.0, [30.0]), (3.0, [11.0])]
     summary = grpo.host_memory_summary(sampler)
     assert summary["baseline_gib"] == 10.0 and summary["peak_used_gib"] == 30.0

@@ -2,7 +2,7 @@
 
 One call of :func:`run` is one point of the sweep: the GRPO recipe of :mod:`rlkit.grpo` for one case
 and one ``gpu_memory_utilization`` value, launched as ``python -m verl.trainer.main_ppo`` with a
-:class:`rlkit.measure.GpuSampler` (NVML / nvidia-smi, 1 Hz) running beside it. From verl's console
+:class:`rlkit.measure.MemorySampler` (NVML / nvidia-smi, 1 Hz) running beside it. From verl's console
 and vLLM's log it reads the KV pool and concurrency vLLM reported, the size of its weights and CUDA
 graphs, verl's per-step timings and memory metrics, vLLM's throughput statistics and any OOM; it
 cuts the sampled device memory into verl's phases, and puts the derived planner's estimate
@@ -518,7 +518,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     A memory failure (OOM, vLLM refusing to start) is a result and is returned; any other failure raises.
     """
     from rlkit.grpo import check_plugin_records, clear_plugin_records, command, launch_env, run_in_own_session
-    from rlkit.measure import GpuSampler
+    from rlkit.measure import MemorySampler
 
     record_dir = out_dir / "plugin_records"
     clear_plugin_records(record_dir)
@@ -526,7 +526,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     env = launch_env(recipe, record_dir)
     env["VLLM_LOG_STATS_INTERVAL"] = str(VLLM_STATS_INTERVAL_S)
     step_line = re.compile(r"(?:^|[\s)])step:(\d+) - .*timing_s/step:")
-    sampler = GpuSampler(interval_s=cfg.sample_interval_s).start()
+    sampler = MemorySampler(interval_s=cfg.sample_interval_s).start()
     time.sleep(3 * cfg.sample_interval_s)  # idle samples: the baseline the job's memory is measured from
     sampler.mark("launch")
 
