@@ -397,8 +397,12 @@ def verify_subprocess(recipe: GRPORecipe, overrides: list[str], out_dir: Path, t
 
 
 def clear_plugin_records(record_dir: Path) -> None:
+    """Empty ``record_dir`` of the records a previous launch's processes wrote (the plugin's *.json, the
+    rank-identity checker's *.jsonl), creating it if needed."""
+    from rlkit.patches import rank_identity
+
     record_dir.mkdir(parents=True, exist_ok=True)
-    for old in record_dir.glob("*.json"):
+    for old in [*record_dir.glob("*.json"), *record_dir.glob(f"{rank_identity.RECORD_PREFIX}*.jsonl")]:
         old.unlink()
 
 
@@ -795,12 +799,8 @@ def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict
     process's plugin record and the ranks' weights. A memory failure (an OOM, vLLM refusing to start:
     how an arm fails on the emulated card) is returned as the result, in ``failure``; any other failure
     raises. ``recipe.expect_failure`` says whether the arm was expected to fail (the stock arm)."""
-    from rlkit.patches import rank_identity
-
     record_dir = out_dir / "plugin_records"
     clear_plugin_records(record_dir)
-    for old in record_dir.glob(f"{rank_identity.RECORD_PREFIX}*"):
-        old.unlink()
     log_path = out_dir / "verl.log"
     sampler, host_sampler = _start_samplers()
     returncode, wall = run_in_own_session(command(overrides), env=launch_env(recipe, record_dir), cwd=out_dir,

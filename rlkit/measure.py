@@ -154,8 +154,6 @@ def visible_gpus(devices: list[tuple[int, str]], cuda_visible_devices: str | Non
 
 
 def _nvml_reader():
-    import os
-
     import pynvml  # provided by nvidia-ml-py
 
     pynvml.nvmlInit()
@@ -171,7 +169,6 @@ def _nvml_reader():
 
 
 def _smi_reader():
-    import os
     import shutil
     import subprocess
 
@@ -201,8 +198,6 @@ def gpu_memory_reader():
 def host_memory_reader():
     """A function returning ``[used host GiB]``: MemTotal - MemAvailable from /proc/meminfo (memory new
     allocations cannot get, all processes of the node). Raises :class:`SamplerUnavailable` without it."""
-    from pathlib import Path
-
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():
         raise SamplerUnavailable("no /proc/meminfo: host memory sampling needs Linux")

@@ -123,6 +123,7 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
     if not names:
         return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
     loaded = {name: read_results(folder / name) for name in names}
+    commits = {name: _run_commit(folder / name) for name in names}
     first = loaded[names[0]]["recipe"]
     header = ("| arm | commit | response | tokens/micro-batch | outcome | steps | step (s) | gen | old_log_prob | update_actor | "
               "update_weights | tokens/s/GPU | actor peak alloc. (GiB) | device peak used (GiB) | host peak over idle (GiB) | "
@@ -136,7 +137,7 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
         result = outcome(m)
         s, check = m.get("summary") or {}, m.get("sanity") or {}
         steps = len(training_steps(m.get("steps", [])))
-        lines.append(f"| {name} | {_run_commit(folder / name)} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
+        lines.append(f"| {name} | {commits[name]} | {m['recipe']['max_response_length']} | {m['recipe']['ppo_max_token_len_per_gpu']} | "
                      f"{result} | {steps} | {_fmt(s.get('step_s'))} | "
                      f"{_fmt(s.get('gen_s'))} | {_fmt(s.get('old_log_prob_s'))} | {_fmt(s.get('update_actor_s'))} | "
                      f"{_fmt(s.get('update_weights_s'), '.2f')} | {_fmt(s.get('throughput_tok_s_per_gpu'), '.0f')} | "
@@ -155,8 +156,7 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
               "`host peak over idle`: the node's used memory (/proc/meminfo, 1 Hz) at its highest during the launch, "
               "less its value before verl started (runs since the second device session). `host used after update`: "
               "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor."]
-    arms = {name: m for name, m in loaded.items() if name in ARMS}
-    return lines + ["", arc_summary(arms, {name: _run_commit(folder / name) for name in arms})]
+    return lines + ["", arc_summary({name: m for name, m in loaded.items() if name in ARMS}, commits)]
 
 
 # The issue's targets for the full arc against the first working arm (seed 000 on 2 x A6000: 445-450 s -> 369.4 s,

@@ -45,3 +45,16 @@ def test_records_are_read_in_step_order(tmp_path):
     rows = [{"optimizer_step": 2, "max_abs_diff": 0.0}, {"optimizer_step": 1, "max_abs_diff": 0.0}]
     (tmp_path / f"{rank_identity.RECORD_PREFIX}host-1.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert [r["optimizer_step"] for r in rank_identity.read_records(tmp_path)] == [1, 2]
+
+
+def test_a_new_launch_starts_without_the_previous_launchs_records(tmp_path):
+    from rlkit.grpo import clear_plugin_records
+
+    record_dir = tmp_path / "plugin_records"
+    record_dir.mkdir()
+    (record_dir / "host-1.json").write_text("{}")
+    (record_dir / f"{rank_identity.RECORD_PREFIX}host-1.jsonl").write_text("{}\n")
+    (record_dir / "notes.txt").write_text("kept")
+    clear_plugin_records(record_dir)
+    assert sorted(p.name for p in record_dir.iterdir()) == ["notes.txt"]
+    assert rank_identity.read_records(record_dir) == []
