@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -198,10 +199,76 @@ def test_pin_memory_true_without_cuda_is_a_clear_error():
 
 @pytest.mark.parametrize("kwargs, key", [({"impl": "cuda"}, "impl"), ({"lr": -1.0}, "lr"),
                                          ({"betas": (0.9, 1.5)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
-                                         ({"rank0_owner": True}, "rank0_owner")])
+                                         ({"rank0_owner": True}, "rank0_owner"), ({"host_threads": -1}, "host_threads"),
+                                         ({"host_threads": True}, "host_threads"), ({"host_threads": 2.0}, "host_threads")])
 def test_bad_arguments_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         HostAdamW(make_params(), **kwargs)
+
+
+class ThreadProbe:
+    """A timer that records torch's intra-op thread count inside each HostAdamW phase."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, set[int]] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        self.threads.setdefault(name, set()).add(torch.get_num_threads())
+        yield
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_threads_do_not_change_the_step(impl):
+    """1 against 2 intra-op threads: params, master copies (bf16 params) and Adam state bit-identical."""
+    big = [(1 << 20) + 3, (700, 513)]  # large enough that torch's CPU kernels split the work across threads
+    runs = []
+    for threads in (1, 2):
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype))
+                  for s in big for dtype in (torch.float32, torch.bfloat16)]
+        probe = ThreadProbe()
+        opt = HostAdamW(params, impl=impl, host_threads=threads, timer=probe, **HYPER)
+        for step in range(3):
+            set_grads(params, step)
+            opt.step()
+        assert probe.threads["host_step"] == {threads} and opt.memory_report()["host_threads"] == threads
+        runs.append((params, opt))
+    (p1, o1), (p2, o2) = runs
+    for a, b in zip(p1, p2):
+        assert (a.float() - b.float()).abs().max().item() == 0.0
+        for key in ("step", "exp_avg", "exp_avg_sq", "master"):
+            if key in o1.state[a]:
+                assert torch.equal(o1.state[a][key], o2.state[b][key]), key
+
+
+def test_host_threads_are_restored_after_the_step_and_zero_keeps_torchs():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        params = make_params()
+        probe = ThreadProbe()
+        opt = HostAdamW(params, host_threads=2, timer=probe, **HYPER)
+        set_grads(params, 0)
+        opt.step()
+        assert probe.threads["host_step"] == {2} and torch.get_num_threads() == 1
+        keep_probe = ThreadProbe()
+        HostAdamW(params, host_threads=0, timer=keep_probe, **HYPER).step()
+        assert keep_probe.threads["host_step"] == {1} and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_default_host_threads_share_this_hosts_cpus(monkeypatch):
+    """Ray starts verl's workers with one torch thread; the default uses the process's CPUs per stepping rank."""
+    cpus = len(os.sched_getaffinity(0))
+    for var in ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert HostAdamW(make_params()).host_threads == cpus
+    monkeypatch.setenv("RAY_LOCAL_WORLD_SIZE", "2")  # verl's Ray workers
+    assert HostAdamW(make_params()).host_threads == max(1, cpus // 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's name wins
+    assert HostAdamW(make_params()).host_threads == max(1, cpus // 4)
 
 
 @pytest.mark.parametrize("impl", ["fused", "forloop"])

@@ -58,3 +58,16 @@ def test_a_new_launch_starts_without_the_previous_launchs_records(tmp_path):
     clear_plugin_records(record_dir)
     assert sorted(p.name for p in record_dir.iterdir()) == ["notes.txt"]
     assert rank_identity.read_records(record_dir) == []
+
+
+def test_record_names_the_host_step_threads():
+    import types
+
+    import torch
+
+    from rlkit.optim import HostAdamW
+
+    engine = types.SimpleNamespace(optimizer=HostAdamW([torch.nn.Parameter(torch.ones(3))], host_threads=3))
+    assert rank_identity._host_threads(engine) == {"host_threads": 3, "torch_threads": torch.get_num_threads()}
+    plain = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]))
+    assert rank_identity._host_threads(plain)["host_threads"] is None

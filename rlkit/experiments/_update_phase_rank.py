@@ -217,7 +217,7 @@ def bench_adam(cfg: U.Config) -> dict[str, Any]:
         torch_times.append(time.perf_counter() - start)
     del torch_params, torch_opt
     host_params = tensors()
-    host_opt = HostAdamW(host_params, lr=cfg.lr, weight_decay=cfg.weight_decay, impl="fused")
+    host_opt = HostAdamW(host_params, lr=cfg.lr, weight_decay=cfg.weight_decay, impl="fused", host_threads=0)
     host_step, host_total = [], []
     for _ in range(cfg.bench_repeats + 1):
         host_opt.timer = PhaseTimer()

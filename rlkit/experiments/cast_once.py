@@ -237,7 +237,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     model = U.build_fsdp_model(cfg.model, info.device, seed=cfg.seed, gradient_checkpointing=cfg.gradient_checkpointing)
     params = list(model.parameters())
     opt_args = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": (0.9, 0.999), "impl": cfg.host_impl,
-                "pin_memory": None}
+                "pin_memory": None, "host_threads": 0}  # host_threads 0: torch's count, set above from cfg
     masters = None
     if spec["master_on_host"]:
         masters = HostMasters(model)

@@ -244,8 +244,9 @@ def make_optimizer(arm: str, params, *, lr: float, weight_decay: float, host_imp
         "host_pinned": {"pin_memory": None},
         "host_pinned_rank0": {"pin_memory": None, "rank0_owner": True},
     }[arm]
+    # host_threads=0: the harness sets torch's thread count per arm itself (_update_phase_rank._threads).
     return HostAdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, impl=host_impl,
-                     check_identical_grads=check_identical_grads, timer=timer, **options)
+                     check_identical_grads=check_identical_grads, timer=timer, host_threads=0, **options)
 
 
 def optimizer_step(optimizer, timer) -> None:

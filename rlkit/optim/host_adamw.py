@@ -41,6 +41,14 @@ every step, so it is not saved; it is rebuilt from the (restored) parameter at t
 master of a non-fp32 parameter is not recoverable from it and is saved as ``state["master"]``. A
 host-resident parameter is its own master: restoring the parameter restores it.
 
+Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copies) with ``host_threads``
+intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
+process may run on, shared between the ranks on this host that step at the same time (all of them, or
+only the rank-0 owner). Why not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
+the CPUs the actor requested, and verl requests none, so torch runs with one thread there and the whole
+host step of a 4B model is single-threaded. The kernels are elementwise, so the result does not depend on
+the thread count (bit-identical; tests/test_host_adamw.py checks 1 against 2 threads).
+
 verl: ``actor.optim.optimizer_impl=rlkit.optim actor.optim.optimizer=HostAdamW`` (extra keywords via
 ``override_optimizer_config``); keep ``optimizer_offload=false`` so verl does not ship the host state
 to the device at every ``train_mode`` enter.
@@ -48,8 +56,9 @@ to the device at every ``train_mode`` enter.
 from __future__ import annotations
 
 import inspect
+import os
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from copy import deepcopy
 from typing import Any
 
@@ -82,6 +91,8 @@ class HostAdamW(torch.optim.Optimizer):
     skip_nonfinite: check all gradients first and skip the whole step if one is not finite.
     check_identical_grads: debug assertion that every rank holds the same gradients (checksums).
     timer: object with ``phase(name)`` context manager (e.g. rlkit.measure.PhaseTimer), or None.
+    host_threads: intra-op threads for the step: ``None`` (default) the CPUs of this process shared between
+        the ranks of this host that step (see the module docstring), ``0`` leave torch's setting, ``n`` n.
     """
 
     def __init__(
@@ -101,8 +112,13 @@ class HostAdamW(torch.optim.Optimizer):
         skip_nonfinite: bool = True,
         check_identical_grads: bool = False,
         timer=None,
+        host_threads: int | None = None,
     ) -> None:
         _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
+        if host_threads is not None and (isinstance(host_threads, bool) or not isinstance(host_threads, int)
+                                         or host_threads < 0):
+            raise ValueError(f"HostAdamW host_threads={host_threads!r}: expected None (automatic), 0 (keep "
+                             "torch's setting) or a positive int. Fix: pass one of those.")
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
                         "maximize": maximize}
         super().__init__(params, defaults)
@@ -118,6 +134,7 @@ class HostAdamW(torch.optim.Optimizer):
         self._is_owner = True
         if rank0_owner or check_identical_grads:
             self._setup_group(process_group, required=rank0_owner)
+        self.host_threads = _default_host_threads(rank0_owner) if host_threads is None else host_threads
 
     # ------------------------------------------------------------------ process group
     def _setup_group(self, process_group, *, required: bool) -> None:
@@ -161,8 +178,9 @@ class HostAdamW(torch.optim.Optimizer):
             return loss
         self.last_step_skipped = False
         self._reserve_staging(work)
-        for group, p in work:
-            self._step_one(group, p)
+        with _intra_op_threads(self.host_threads):
+            for group, p in work:
+                self._step_one(group, p)
         return loss
 
     def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
@@ -271,6 +289,7 @@ class HostAdamW(torch.optim.Optimizer):
             "staging_pinned": self.staging.pinned,
             "staging_allocations": self.staging.allocations,
             "is_owner": self.is_owner,
+            "host_threads": self.host_threads,
         }
 
     # ------------------------------------------------------------------ checkpoints
@@ -301,6 +320,27 @@ class HostAdamW(torch.optim.Optimizer):
         ]
         self.state = state
         self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
+
+
+def _default_host_threads(rank0_owner: bool) -> int:
+    """This process's CPUs, divided among the ranks of this host that run the host step concurrently."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # torchrun sets LOCAL_WORLD_SIZE; verl's Ray workers carry RAY_LOCAL_WORLD_SIZE.
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("RAY_LOCAL_WORLD_SIZE") or 1)
+    return max(1, cpus // (1 if rank0_owner else max(1, local_ranks)))
+
+
+@contextmanager
+def _intra_op_threads(threads: int):
+    """torch's intra-op thread count set to ``threads`` (0: unchanged) for the block, then restored."""
+    previous = torch.get_num_threads()
+    if threads and threads != previous:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
 
 
 def _is_own_master(p: torch.Tensor) -> bool:

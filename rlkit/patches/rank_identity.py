@@ -13,7 +13,9 @@ so the extra device memory is one chunk (64 MiB in fp32). With ``master_on_host`
 host masters are compared (they hold the fp32 values while the flat parameters hold freed placeholders). The result (max abs diff, elements that differ
 (NaN counts as differing), seconds spent) is all-reduced and appended by rank 0 to
 ``$RLKIT_RECORD_DIR/rank_identity-<host>-<pid>.jsonl``. It reads weights only: training is unchanged.
-Its time falls inside verl's ``update_actor`` timer; it is recorded so it can be subtracted.
+Its time falls inside verl's ``update_actor`` timer; it is recorded so it can be subtracted. The record
+also carries the optimizer step's own wall time (clip + ``optimizer.step``) and the intra-op threads the
+host step used (HostAdamW's ``host_threads``) next to torch's count in the worker, which Ray sets.
 """
 from __future__ import annotations
 
@@ -59,6 +61,14 @@ def max_rank_difference(params, group=None, chunk_numel: int = CHUNK_NUMEL) -> t
     return float(stats[0]), int(stats[1])
 
 
+def _host_threads(engine) -> dict:
+    """Threads the host step ran with (HostAdamW) and torch's own count in this worker (Ray sets it)."""
+    import torch
+
+    report = getattr(getattr(engine, "optimizer", None), "memory_report", None)
+    return {"host_threads": report()["host_threads"] if report else None, "torch_threads": torch.get_num_threads()}
+
+
 def _apply():
     import torch.distributed as dist
     from verl.workers.engine.fsdp import transformer_impl
@@ -68,7 +78,9 @@ def _apply():
     calls = {"n": 0}
 
     def optimizer_step(self):
+        step_start = time.perf_counter()
         grad_norm = original(self)
+        step_seconds = time.perf_counter() - step_start  # clip + optimizer.step (HostAdamW ends synchronised)
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return grad_norm
         calls["n"] += 1
@@ -84,7 +96,8 @@ def _apply():
             with open(path, "a") as f:
                 f.write(json.dumps({"optimizer_step": calls["n"], "world_size": dist.get_world_size(),
                                     "max_abs_diff": worst, "differing_elements": differing,
-                                    "seconds": seconds, "grad_norm": grad_norm}) + "\n")
+                                    "seconds": seconds, "grad_norm": grad_norm,
+                                    "optimizer_step_s": step_seconds, **_host_threads(self)}) + "\n")
         return grad_norm
 
     optimizer_step.__rlkit_patch__ = "rank_identity"
