@@ -287,10 +287,10 @@ LOGITS_BYTES = {"torch_rowwise": {"train": 8, "forward": 8}, "torch_fp32": {"tra
 # entropy_coeff != 0; the on-policy skip turns it on for the actor/entropy metric):
 # none:     no entropy in the update.
 # detached: computed in the forward only (checkpointed, and kept out of backward: entropy_coeff 0 with the
-#           metric_entropy patch); its transient (bf16 softmax 2 + fp32 temporary 4, next to the logits)
-#           was expected to stay within the training peak above. Measured otherwise: 3-pinned peaked 6.36 GiB
-#           above 1-fixes-hostadamw (outputs/05_grpo_qwen3_4b/, ~5.5 bytes per logit element of its 8192-token
-#           micro-batches); what holds it is not identified yet, so the planner is x0.92 on that arm.
+#           metric_entropy patch), which also runs it in 1024-row chunks, so its forward temporaries (softmax
+#           and product, fp32 under autocast) are one chunk, inside the training peak above. Before the
+#           chunks, the skip arms at 55ddd39 peaked 6.36 GiB above 1-fixes-hostadamw (outputs/05_grpo_qwen3_4b/,
+#           ~5.5 bytes per logit element of their 8192-token micro-batches; the planner is x0.92 on them).
 # backprop: backward recomputes entropy_from_logits (verl 0.9.1 adds -0 x entropy to the loss, or a real
 #           entropy bonus): the bf16 softmax (2) and an fp32 temporary (4) on top of the log-prob backward's
 #           buffers. outputs/05_grpo_qwen3_4b/2-skip-old-logprob-entropy-backprop ran out of the card in that recompute.

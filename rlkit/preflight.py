@@ -445,6 +445,17 @@ def check_fsdp1_offload_frees_nothing(c: VerlConfig, ctx: Context) -> list[Findi
                     "apply rlkit's offload_views patch, or set fsdp_config.use_orig_params=True, or use fsdp2")]
 
 
+def check_metric_entropy_coeff(c: VerlConfig, ctx: Context) -> list[Finding]:
+    key = "actor_rollout_ref.actor.entropy_coeff"
+    coeff = float(c.get(key) or 0.0)
+    if "metric_entropy" not in ctx.active_patches or coeff == 0.0:
+        return []
+    return [Finding("error", key,
+                    f"entropy_coeff={coeff} with the metric_entropy patch: the patch is for a metric-only entropy "
+                    "(it computes the entropy's forward in row chunks) and stops the run at the first loss",
+                    "set actor_rollout_ref.actor.entropy_coeff=0, or drop metric_entropy from the patches")]
+
+
 def _update_entropy(c: VerlConfig, active_patches: Iterable[str]) -> str:
     """How the update computes the entropy (budget.UPDATE_ENTROPY_BYTES), as verl 0.9.1's trainer decides it."""
     coeff = float(c.get("actor_rollout_ref.actor.entropy_coeff") or 0.0)
@@ -555,6 +566,7 @@ CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
     "ray_uv_hook": check_ray_uv_hook,
     "fsdp1_grad_sync": check_fsdp1_grad_sync,
     "fsdp1_offload_frees_nothing": check_fsdp1_offload_frees_nothing,
+    "metric_entropy_coeff": check_metric_entropy_coeff,
     "planner": check_planner,
 }
 

@@ -1,7 +1,14 @@
-"""metric_entropy against verl 0.9.1's own ppo_loss: with entropy_coeff 0 the gradient and the metrics are
-bit-identical to the unpatched loss, and backward no longer reaches the (checkpointed) entropy."""
+"""metric_entropy against verl 0.9.1's own ppo_loss and entropy_from_logits: with entropy_coeff 0 the gradient
+and the metrics are bit-identical to the unpatched loss, backward no longer reaches the (checkpointed) entropy,
+a no-grad entropy runs in row chunks (same values to fp32 rounding, temporaries of one chunk), and a
+non-zero coefficient is refused."""
+import weakref
+from contextlib import nullcontext
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 pytestmark = pytest.mark.verl
 
@@ -75,15 +82,17 @@ def _metric_values(metrics):
 
 
 def test_apply_is_idempotent_and_revert_restores_verl(patch):
+    from verl.utils import torch_functional as verl_F
     from verl.workers import engine_workers
 
-    original = engine_workers.ppo_loss
+    originals = engine_workers.ppo_loss, verl_F.entropy_from_logits
     patch.apply()
-    wrapped = engine_workers.ppo_loss
+    wrapped = engine_workers.ppo_loss, verl_F.entropy_from_logits
     patch.apply()
-    assert engine_workers.ppo_loss is wrapped is not original
+    assert (engine_workers.ppo_loss, verl_F.entropy_from_logits) == wrapped
+    assert all(w is not o for w, o in zip(wrapped, originals))
     patch.revert()
-    assert engine_workers.ppo_loss is original
+    assert engine_workers.ppo_loss is originals[0] and verl_F.entropy_from_logits is originals[1]
 
 
 def test_zero_coefficient_same_gradient_and_metrics_without_the_entropy_backward(patch):
@@ -99,9 +108,111 @@ def test_zero_coefficient_same_gradient_and_metrics_without_the_entropy_backward
     assert recomputes1 == [False]  # patched: it is not
 
 
-def test_nonzero_coefficient_is_left_to_verl(patch):
-    loss0, grad0, _, recomputes0 = _loss_and_grad(0.01, patched=False)
+def test_nonzero_coefficient_is_refused_before_the_loss(patch):
+    from rlkit.patches import PatchError
+
     patch.apply()
-    loss1, grad1, _, recomputes1 = _loss_and_grad(0.01, patched=True)
-    assert torch.equal(loss0, loss1) and torch.equal(grad0, grad1)
-    assert recomputes0 == recomputes1 == [False, True]
+    with pytest.raises(PatchError, match=r"entropy_coeff=0.01.*Fix: set actor_rollout_ref.actor.entropy_coeff=0"):
+        _loss_and_grad(0.01, patched=True)
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Peak bytes of the tensors created inside the mode and still referenced (CPU accounting of temporaries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = self.peak = 0
+        self._live: set[int] = set()
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._live.discard(key)
+        self.current -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self._live | inputs:  # not a view
+                key, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                self._live.add(key)
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+                weakref.finalize(t, self._free, key, nbytes)
+        return out
+
+
+def _entropy_and_peak(fn, logits):
+    with torch.no_grad(), LiveTensorBytes() as live:  # verl's entropy checkpoint runs its forward without grad
+        out = fn(logits)
+    return out, live.peak
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_no_grad_entropy_runs_in_row_chunks_same_values_bounded_temporaries(patch, autocast):
+    from verl.utils import torch_functional as verl_F
+
+    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS
+
+    rows, vocab = 3 * ENTROPY_CHUNK_ROWS + 77, 1031  # a ragged last chunk
+    logits = torch.randn(3, rows // 3 + 1, vocab, generator=torch.Generator().manual_seed(0)).bfloat16()[:, :-1]
+    logits = logits.contiguous()
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+    with context:
+        reference, reference_peak = _entropy_and_peak(verl_F.entropy_from_logits, logits)
+        patch.apply()
+        chunked, chunked_peak = _entropy_and_peak(verl_F.entropy_from_logits, logits)
+    assert chunked.shape == reference.shape == logits.shape[:-1] and chunked.dtype == reference.dtype
+    # Same per-row computation; only the reductions' work split may differ with the row count: fp32 rounding.
+    tolerance = 4 * torch.finfo(reference.dtype).eps * reference.abs().max().item()
+    assert (chunked - reference).abs().max().item() <= tolerance
+    # The temporaries scale with one chunk instead of the whole micro-batch.
+    whole, chunk = logits.numel() // vocab, ENTROPY_CHUNK_ROWS
+    assert reference_peak >= 4 * whole * vocab  # at least one 4-byte or two 2-byte tensors of the logits' size
+    assert chunked_peak <= reference_peak * chunk / whole * 1.5 + 16 * whole
+
+
+def test_entropy_that_records_grad_is_one_call_over_every_row():
+    from verl.utils import torch_functional as verl_F
+
+    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
+
+    logits = torch.randn(ENTROPY_CHUNK_ROWS * 2 + 1, 9, requires_grad=True)
+    calls = []
+
+    def counting(x):
+        calls.append(x.shape[0])
+        return verl_F.entropy_from_logits(x)
+
+    chunked_entropy(counting, logits).sum().backward()  # a gradient flows through it: verl's single call
+    with torch.no_grad():
+        chunked_entropy(counting, logits)
+    assert calls == [logits.shape[0], ENTROPY_CHUNK_ROWS, ENTROPY_CHUNK_ROWS, 1]
+
+
+@pytest.mark.gpu
+def test_cuda_entropy_temporaries_of_a_qwen3_micro_batch(patch):
+    """The skip arms' case on a GPU: 8192 tokens x Qwen3's 151936-entry vocabulary, bf16 logits under verl's
+    bf16 autocast. The patched forward allocates at most a chunk's temporaries; values within fp32 rounding."""
+    from verl.utils import torch_functional as verl_F
+
+    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS
+
+    logits = torch.randn(24, 8192 // 24, 151936, device="cuda", dtype=torch.bfloat16)
+
+    def extra_peak(fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(logits)
+        torch.cuda.synchronize()
+        return out, torch.cuda.max_memory_allocated() - base
+
+    reference, reference_extra = extra_peak(verl_F.entropy_from_logits)
+    patch.apply()
+    chunked, chunked_extra = extra_peak(verl_F.entropy_from_logits)
+    rows = logits.numel() // logits.shape[-1]
+    print(f"extra peak: verl {reference_extra / 2**30:.2f} GiB, chunked {chunked_extra / 2**30:.2f} GiB; "
+          f"max abs diff {(chunked - reference).abs().max().item():.3e}")
+    assert chunked_extra <= reference_extra * ENTROPY_CHUNK_ROWS / rows * 1.5 + 64 * 2**20
+    assert (chunked - reference).abs().max().item() <= 4 * torch.finfo(torch.float32).eps * reference.abs().max().item()

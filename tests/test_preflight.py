@@ -168,6 +168,14 @@ def test_fsdp1_param_offload_frees_nothing():
     assert by_check(findings(sharded), "fsdp1_offload_frees_nothing") == []
 
 
+def test_metric_entropy_with_an_entropy_bonus_is_an_error():
+    bonus = ["actor_rollout_ref.actor.entropy_coeff=0.01"]
+    f = by_check(findings(bonus, patches=["metric_entropy"]), "metric_entropy_coeff")
+    assert [x.severity for x in f] == ["error"] and "entropy_coeff=0" in f[0].fix
+    assert by_check(findings(bonus), "metric_entropy_coeff") == []
+    assert by_check(findings(patches=["metric_entropy"]), "metric_entropy_coeff") == []
+
+
 def test_active_patches_default_to_the_registry(monkeypatch):
     from rlkit import patches
 

@@ -1,41 +1,91 @@
-"""metric_entropy: a metric-only entropy is kept out of the update's backward (verl 0.9.1 engine workers).
+"""metric_entropy: a metric-only entropy costs the update no extra device memory (verl 0.9.1 engine workers).
 
-With ``calculate_entropy=true`` in the update (the on-policy skip turns it on so ``actor/entropy`` survives
-the skipped pass) and ``entropy_coeff == 0``, verl's ``ppo_loss`` still adds ``- 0 * entropy_loss`` to the
-loss. Backward then runs through the entropy: with ``entropy_checkpointing`` it recomputes
-``entropy_from_logits`` over the whole micro-batch (a bf16 softmax and an fp32 temporary, 6 bytes per
-token x vocabulary element) while the log-prob backward holds its own logits buffers. On the 2 x H200 arms
-emulating 47.4 GiB cards that recompute ran out of memory (outputs/05_grpo_qwen3_4b/2-skip-old-logprob-entropy-backprop).
+The on-policy skip turns ``calculate_entropy=true`` on in the update so ``actor/entropy`` survives the
+skipped pass, with ``entropy_coeff == 0``: the entropy is a metric, not part of the objective. verl still
+makes the update pay for it twice; this patch removes both costs without touching the loss or gradient.
 
-This patch wraps the ``ppo_loss`` that verl's engine workers bind at start-up: when ``entropy_coeff == 0``
-the entropy reaches the loss detached. The entropy branch contributes ``-0 * d(entropy)`` to the logits'
-gradient, so dropping it leaves every gradient value unchanged (only the sign of an exact zero could
-differ); the entropy metric is the same tensor. With ``entropy_coeff != 0`` nothing changes.
+1. Backward. verl's ``ppo_loss`` adds ``- 0 * entropy_loss`` to the loss, so backward runs through the
+   entropy: with ``entropy_checkpointing`` it recomputes ``entropy_from_logits`` over the whole micro-batch
+   while the log-prob backward holds its own logits buffers. On the 2 x H200 arms emulating 47.4 GiB cards
+   that recompute ran out of memory (outputs/05_grpo_qwen3_4b/2-skip-old-logprob-entropy-backprop).
+   The wrapped ``ppo_loss`` hands the entropy over detached. The entropy branch contributes
+   ``-0 * d(entropy)`` to the logits' gradient, so every gradient value is unchanged (only the sign of an
+   exact zero could differ) and the metric is the same tensor.
+2. Forward. Without flash-attn (verl's padded-logits path) ``entropy_from_logits`` runs on the whole
+   micro-batch at once: a softmax and its product with the logits, each as large as the logits (fp32 under
+   bf16 autocast: 8 bytes per token x vocabulary element next to the 2-byte logits). The skip arms peaked
+   6.36 GiB above 1-fixes-hostadamw with it (outputs/05_grpo_qwen3_4b/). When no gradient is recorded
+   (the forward of verl's entropy checkpoint, a no-grad pass) the patched ``entropy_from_logits`` runs
+   verl's own function on ``ENTROPY_CHUNK_ROWS`` rows at a time, so that temporary is one chunk. Each row's
+   entropy is the same computation; only the reduction kernels' work split may differ with the row count,
+   so values agree to fp32 rounding (tests/test_metric_entropy.py states the bound it checks).
+
+Because of (2) the entropy's forward value is no longer bit-identical to verl's, which is harmless for a
+metric but would enter the loss with ``entropy_coeff != 0``. The patch therefore refuses that
+configuration at the first loss (before any optimizer step) with an error naming the fix.
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, import_target, replace_attr
+import torch
+
+from rlkit.patches import Patch, PatchError, import_target, replace_attr
 
 VERL_WORKERS_MODULE = "verl.workers.engine_workers"
+VERL_FUNCTIONAL_MODULE = "verl.utils.torch_functional"
+ENTROPY_CHUNK_ROWS = 1024  # 1024 x 151936 x 8 B = 1.16 GiB of fp32 temporaries for Qwen3's vocabulary
+
+
+def chunked_entropy(entropy_fn, logits: torch.Tensor, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> torch.Tensor:
+    """``entropy_fn`` over ``logits`` (..., vocab) applied ``chunk_rows`` rows at a time, same shape out.
+
+    Falls back to one call where chunking does not apply: gradient recorded through the result, nested or
+    non-contiguous logits (a row view would copy), or no more rows than one chunk.
+    """
+    records_grad = torch.is_grad_enabled() and logits.requires_grad
+    if records_grad or logits.is_nested or logits.dim() < 2 or not logits.is_contiguous():
+        return entropy_fn(logits)
+    rows = logits.view(-1, logits.shape[-1])
+    if rows.shape[0] <= chunk_rows:
+        return entropy_fn(logits)
+    return torch.cat([entropy_fn(chunk) for chunk in rows.split(chunk_rows)]).view(logits.shape[:-1])
 
 
 def _apply():
     workers = import_target("metric_entropy", VERL_WORKERS_MODULE)
-    original = workers.ppo_loss
+    functional = import_target("metric_entropy", VERL_FUNCTIONAL_MODULE)
+    original_loss = workers.ppo_loss
+    original_entropy = functional.entropy_from_logits
 
     def ppo_loss(config, model_output, data, dp_group=None):
+        if config.entropy_coeff != 0:
+            raise PatchError(
+                f"patch 'metric_entropy' is for a metric-only entropy, but actor entropy_coeff="
+                f"{config.entropy_coeff}: it computes the entropy's forward in row chunks, whose rounding would "
+                "enter the loss. Fix: set actor_rollout_ref.actor.entropy_coeff=0 or drop metric_entropy "
+                "from RLKIT_PATCHES / the recipe's patches.")
         entropy = model_output.get("entropy")
-        if entropy is not None and config.entropy_coeff == 0 and entropy.requires_grad:
+        if entropy is not None and entropy.requires_grad:
             model_output = {**model_output, "entropy": entropy.detach()}
-        return original(config, model_output, data, dp_group=dp_group)
+        return original_loss(config, model_output, data, dp_group=dp_group)
 
-    ppo_loss.__doc__ = original.__doc__
-    return replace_attr(workers, "ppo_loss", ppo_loss)
+    def entropy_from_logits(logits):
+        return chunked_entropy(original_entropy, logits)
+
+    ppo_loss.__doc__ = original_loss.__doc__
+    entropy_from_logits.__doc__ = original_entropy.__doc__
+    undo_loss = replace_attr(workers, "ppo_loss", ppo_loss)
+    undo_entropy = replace_attr(functional, "entropy_from_logits", entropy_from_logits)
+
+    def undo():
+        undo_entropy()
+        undo_loss()
+
+    return undo
 
 
 PATCH = Patch(
     name="metric_entropy",
-    summary="verl ppo_loss: with entropy_coeff 0 the entropy metric is detached, so backward skips its recompute",
+    summary="verl: a metric-only entropy (entropy_coeff 0) is detached from the loss and computed in row chunks",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
 )
