@@ -383,12 +383,12 @@ def test_build_through_verl_build_optimizer():
 
 
 # ------------------------------------------------------------------------------ rank-0 owner, 2 gloo ranks
-def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
+def _rank0_worker(rank: int, world: int, broadcast: str, store_path: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
         params, ref_params = make_params(), make_params()
-        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, **HYPER)
+        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, broadcast_device=broadcast, **HYPER)
         ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
         scheds = [LambdaLR(o, lr_lambda) for o in (opt, ref)]
 
@@ -405,7 +405,7 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
         saved = {"optim": opt.state_dict(), "sched": scheds[0].state_dict(),
                  "params": [p.detach().clone() for p in params]}
         params = [torch.nn.Parameter(t.clone()) for t in saved["params"]]
-        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, **HYPER)
+        opt = HostAdamW(params, rank0_owner=True, check_identical_grads=True, broadcast_device=broadcast, **HYPER)
         sched = LambdaLR(opt, lr_lambda)  # built before loading, as verl does
         opt.load_state_dict(saved["optim"])
         sched.load_state_dict(saved["sched"])
@@ -434,7 +434,7 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
             caught = str(err)
         # the packed-copy path (not host fp32, like device params): the owner's master goes out packed
         packed = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in make_params()]
-        packed_opt = HostAdamW(packed, rank0_owner=True, **HYPER)
+        packed_opt = HostAdamW(packed, rank0_owner=True, broadcast_device=broadcast, **HYPER)
         for i in range(2):
             set_grads(packed, i)
             packed_opt.step()
@@ -459,10 +459,11 @@ def _rank0_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore():
+@pytest.mark.parametrize("broadcast", ["host", "cpu"])  # "cpu": the device path (buffer, in-place) over gloo
+def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore(broadcast):
     with tempfile.TemporaryDirectory() as tmp:
         make = fresh_paths(tmp, "store", "")
-        _, store, out_dir = spawn_two_ranks(_rank0_worker, lambda: (2, *make()))
+        _, _, store, out_dir = spawn_two_ranks(_rank0_worker, lambda: (2, broadcast, *make()))
         r0, r1 = (torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1))
     assert r0["max_diff_vs_ref"] == 0.0 and r1["max_diff_vs_ref"] == 0.0
     assert r0["state_equal_ref"]
@@ -475,3 +476,38 @@ def test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore():
     assert all(torch.equal(a, b) for a, b in zip(r0["packed"], r1["packed"]))
     assert r0["packed_report"]["master_bytes"] == sum(4 * torch.Size(s).numel() for s in SHAPES)
     assert r1["packed_report"]["master_bytes"] == 0 and r1["packed_report"]["adam_state_params"] == 0
+
+
+# ------------------------------------------------------------------------------ rank-0 owner over NCCL, 2 GPUs
+def _rank0_nccl_worker(rank: int, store_path: str, out_dir: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        device_params = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]  # written, then broadcast
+        host_params = make_params(seed=1)  # host fp32: their own masters, crossing the GPUs through the buffer
+        ref_params = make_params() + make_params(seed=1)
+        opt = HostAdamW(device_params + host_params, rank0_owner=True, **HYPER)
+        ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+        for step in range(3):
+            set_grads(ref_params, step)
+            for p, r in zip(device_params + host_params, ref_params):
+                p.grad = r.grad.to(p.device)
+            opt.step()
+            ref.step()
+        result = {"device": str(opt._broadcast_device), "buffer_after_step": opt._device_staging is None,
+                  "max_diff_vs_ref": max(float((p.detach().cpu() - r).abs().max())
+                                         for p, r in zip(device_params + host_params, ref_params))}
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_rank0_owner_broadcasts_over_nccl_by_default_bit_exact():
+    with tempfile.TemporaryDirectory() as tmp:
+        _, out_dir = spawn_two_ranks(_rank0_nccl_worker, fresh_paths(tmp, "store", ""))
+        results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1)]
+    for rank, r in enumerate(results):
+        assert r["device"] == f"cuda:{rank}" and r["buffer_after_step"] and r["max_diff_vs_ref"] == 0.0
