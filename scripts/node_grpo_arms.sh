@@ -1,6 +1,8 @@
 #!/bin/bash
 # Runs the seed's arms of notebook 05 one after the other on a GPU node, each in a fresh verl launch.
 # usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.grpo.ARMS)
+# The pseudo-arm "gpu-tests" runs the GPU tests of the patches the arms use (pytest -m gpu) first, its
+# console in <root>/gpu-tests.console.log: a few seconds that check the patches on this node before the arms.
 # Progress lines go to <root>/progress.txt; each arm's console to <root>/<arm>.console.log; results to
 # <root>/05_grpo_qwen3_4b/<arm>/. Between arms the GPUs are given time to drain: vLLM's start-up memory
 # check and profiling read device-wide free memory, so the next arm must start on idle GPUs.
@@ -17,7 +19,12 @@ idle_gpus() {
   log "GPUs still hold ${used} MiB after 120 s"
 }
 for arm in "$@"; do
-  run_in_session "$arm" python3 -m rlkit.grpo launch --profile h200 --arm "$arm" --out "$root"
+  if [ "$arm" = gpu-tests ]; then
+    run_in_session gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_adamw.py \
+        tests/test_metric_entropy.py
+  else
+    run_in_session "$arm" python3 -m rlkit.grpo launch --profile h200 --arm "$arm" --out "$root"
+  fi
   idle_gpus
 done
 log "all arms done"
