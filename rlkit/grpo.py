@@ -898,6 +898,17 @@ def recipe_metrics(recipe: GRPORecipe, *, data: dict, model: dict, overrides: li
     return metrics
 
 
+def optimizer_step_summary(records: list[dict[str, Any]], steps: list[int]) -> dict[str, Any]:
+    """Mean optimizer-step seconds (clip + optimizer.step, from the rank-identity records) over ``steps``, and
+    the threads the host step used; empty for records written before they carried these fields. With one
+    mini-batch per training step, optimizer step n is training step n."""
+    rows = [r for r in records if r.get("optimizer_step") in steps and "optimizer_step_s" in r]
+    if not rows:
+        return {}
+    return {"optimizer_step_s": sum(r["optimizer_step_s"] for r in rows) / len(rows),
+            "host_threads": rows[-1].get("host_threads"), "torch_threads": rows[-1].get("torch_threads")}
+
+
 def add_launch_result(metrics: dict[str, Any], recipe: GRPORecipe, result: dict[str, Any]) -> None:
     """Steps, summary, sanity bar and outcome of a verl launch, into ``metrics``."""
     steps = result.pop("steps")
@@ -906,6 +917,7 @@ def add_launch_result(metrics: dict[str, Any], recipe: GRPORecipe, result: dict[
         summary["gpu_peak_used_gib"] = result["gpu_memory"]["peak_used_gib"]
     if result.get("host_memory"):
         summary["host_peak_above_baseline_gib"] = result["host_memory"]["peak_above_baseline_gib"]
+    summary.update(optimizer_step_summary(result.get("rank_identity", []), summary.get("steps_averaged", [])))
     metrics.update(steps=steps, summary=summary, launch=result,
                    sanity=sanity(steps, result.get("rank_identity", []), recipe.n_gpus) if training_steps(steps) else None)
 

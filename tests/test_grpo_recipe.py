@@ -271,6 +271,15 @@ def test_sanity_bar_fails_on_nan_zero_grad_or_differing_ranks():
     assert "ranks_identical" not in grpo.sanity(ok_steps, [], n_gpus=1)
 
 
+def test_optimizer_step_summary_averages_the_window_and_skips_old_records():
+    records = [{"optimizer_step": i, "optimizer_step_s": float(i), "host_threads": 16, "torch_threads": 1}
+               for i in (1, 2, 3)]
+    assert grpo.optimizer_step_summary(records, [2, 3]) == {"optimizer_step_s": 2.5, "host_threads": 16,
+                                                             "torch_threads": 1}
+    old = [{"optimizer_step": i, "max_abs_diff": 0.0} for i in (1, 2, 3)]  # written before these fields existed
+    assert grpo.optimizer_step_summary(old, [2, 3]) == {}
+
+
 def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs():
     from rlkit.env import REPO_ROOT
 
