@@ -199,6 +199,27 @@ def test_entropy_that_records_grad_is_one_call_over_every_row():
     assert calls == [logits.shape[0], ENTROPY_CHUNK_ROWS, ENTROPY_CHUNK_ROWS, 1]
 
 
+def test_compiled_entropy_is_one_call_as_verl_compiles_it():
+    """verl's remove-padding path binds torch.compile(entropy_from_logits) at engine start: traced, the
+    patched function is verl's single call (a chunk loop over a dynamic row count would recompile per count)."""
+    from verl.utils import torch_functional as verl_F
+
+    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
+
+    calls = []
+
+    def counting(x):
+        calls.append(x.shape[0])
+        return verl_F.entropy_from_logits(x)
+
+    logits = torch.randn(2 * ENTROPY_CHUNK_ROWS + 5, 11)
+    compiled = torch.compile(lambda x: chunked_entropy(counting, x), backend="eager", dynamic=True)
+    with torch.no_grad():
+        out = compiled(logits)
+    assert calls == [logits.shape[0]]
+    assert torch.equal(out, verl_F.entropy_from_logits(logits))
+
+
 @pytest.mark.gpu
 def test_cuda_entropy_temporaries_of_a_qwen3_micro_batch(patch):
     """The skip arms' case on a GPU: 8192 tokens x Qwen3's 151936-entry vocabulary, bf16 logits under verl's

@@ -39,10 +39,14 @@ def chunked_entropy(entropy_fn, logits: torch.Tensor, chunk_rows: int = ENTROPY_
     """``entropy_fn`` over ``logits`` (..., vocab) applied ``chunk_rows`` rows at a time, same shape out.
 
     Falls back to one call where chunking does not apply: gradient recorded through the result, nested or
-    non-contiguous logits (a row view would copy), or no more rows than one chunk.
+    non-contiguous logits (a row view would copy), no more rows than one chunk, or inside ``torch.compile``
+    (verl compiles the entropy on its remove-padding path, where a chunk loop over a dynamic row count would
+    recompile per count, and the compiled kernel fuses the temporaries anyway).
     """
     records_grad = torch.is_grad_enabled() and logits.requires_grad
-    if records_grad or logits.is_nested or logits.dim() < 2 or not logits.is_contiguous():
+    if records_grad or torch.compiler.is_compiling():
+        return entropy_fn(logits)
+    if logits.is_nested or logits.dim() < 2 or not logits.is_contiguous():
         return entropy_fn(logits)
     rows = logits.view(-1, logits.shape[-1])
     if rows.shape[0] <= chunk_rows:
