@@ -483,20 +483,25 @@ def _rank0_nccl_worker(rank: int, store_path: str, out_dir: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{store_path}", rank=rank, world_size=2)
     try:
-        device_params = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]  # written, then broadcast
-        host_params = make_params(seed=1)  # host fp32: their own masters, crossing the GPUs through the buffer
+        # Device params: written on the owner, broadcast in place. Parked params: device placeholders whose
+        # .data is the host fp32 master during the step (HostMasters.exposed()), crossing through the buffer.
+        device_params = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]
+        masters = [p.detach().clone().pin_memory() for p in make_params(seed=1)]
+        parked = [torch.nn.Parameter(torch.zeros_like(m, device="cuda")) for m in masters]
         ref_params = make_params() + make_params(seed=1)
-        opt = HostAdamW(device_params + host_params, rank0_owner=True, **HYPER)
+        opt = HostAdamW(device_params + parked, rank0_owner=True, **HYPER)
         ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
         for step in range(3):
             set_grads(ref_params, step)
-            for p, r in zip(device_params + host_params, ref_params):
-                p.grad = r.grad.to(p.device)
+            for p, r in zip(device_params + parked, ref_params):
+                p.grad = r.grad.cuda()  # gradients stay on the device, as FSDP leaves them
+            placeholders = _expose(parked, masters)
             opt.step()
+            _expose(parked, placeholders)
             ref.step()
         result = {"device": str(opt._broadcast_device), "buffer_after_step": opt._device_staging is None,
                   "max_diff_vs_ref": max(float((p.detach().cpu() - r).abs().max())
-                                         for p, r in zip(device_params + host_params, ref_params))}
+                                         for p, r in zip(device_params + masters, ref_params))}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
