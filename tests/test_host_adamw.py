@@ -499,7 +499,7 @@ def _rank0_nccl_worker(rank: int, store_path: str, out_dir: str) -> None:
             opt.step()
             _expose(parked, placeholders)
             ref.step()
-        result = {"device": str(opt._broadcast_device), "buffer_after_step": opt._device_staging is None,
+        result = {"device": str(opt._broadcast_device), "buffer_after_step": opt._device_staging.nbytes() == {},
                   "max_diff_vs_ref": max(float((p.detach().cpu() - r).abs().max())
                                          for p, r in zip(device_params + masters, ref_params))}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -144,7 +144,9 @@ class HostAdamW(torch.optim.Optimizer):
         if rank0_owner or check_identical_grads:
             self._setup_group(process_group, required=rank0_owner)
         self._broadcast_device = self._resolve_broadcast_device(broadcast_device) if rank0_owner else None
-        self._device_staging: torch.Tensor | None = None  # host-resident params cross the device through it
+        # Host-resident params cross to the other ranks through this device buffer (emptied after each step).
+        self._device_staging = (StagingPool(device=self._broadcast_device)
+                                if self._broadcast_device is not None else None)
         self.host_threads = _default_host_threads(rank0_owner) if host_threads is None else host_threads
 
     # ------------------------------------------------------------------ process group
@@ -206,7 +208,8 @@ class HostAdamW(torch.optim.Optimizer):
         with _intra_op_threads(self.host_threads):
             for group, p in work:
                 self._step_one(group, p)
-        self._device_staging = None  # device memory only during the step, not through the next forward
+        if self._device_staging is not None:
+            self._device_staging.release()  # device memory only during the step, not through the next forward
         return loss
 
     def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
@@ -252,8 +255,7 @@ class HostAdamW(torch.optim.Optimizer):
             return
         # A host-resident parameter (or one on another device): through the device buffer.
         with self._phase("broadcast"):
-            numel, dtype = p.numel(), p.dtype
-            buffer = self._device_buffer(numel * p.element_size()).view(dtype)[:numel].view(p.shape)
+            buffer = self._device_staging.view("broadcast", p.numel(), p.dtype).view(p.shape)
             source = p.data if in_place else out
             if self._is_owner:
                 buffer.copy_(source)
@@ -263,13 +265,6 @@ class HostAdamW(torch.optim.Optimizer):
         with self._phase("param_h2d"):
             if not in_place and self._is_owner:
                 p.copy_(out)
-
-    def _device_buffer(self, nbytes: int) -> torch.Tensor:
-        """Bytes on the broadcast device, grown to the largest parameter of this step (dropped after it)."""
-        if self._device_staging is None or self._device_staging.numel() < nbytes:
-            self._device_staging = None  # free the old one before allocating the larger
-            self._device_staging = torch.empty(nbytes, dtype=torch.uint8, device=self._broadcast_device)
-        return self._device_staging
 
     def _master_and_state(self, p: torch.Tensor, group: dict[str, Any], in_place: bool):
         state = self.state[p]
