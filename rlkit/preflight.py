@@ -445,12 +445,18 @@ def check_fsdp1_offload_frees_nothing(c: VerlConfig, ctx: Context) -> list[Findi
                     "apply rlkit's offload_views patch, or set fsdp_config.use_orig_params=True, or use fsdp2")]
 
 
+ENTROPY_COEFF = "actor_rollout_ref.actor.entropy_coeff"
+
+
+def _entropy_coeff(c: VerlConfig) -> float:
+    return float(c.get(ENTROPY_COEFF) or 0.0)
+
+
 def check_metric_entropy_coeff(c: VerlConfig, ctx: Context) -> list[Finding]:
-    key = "actor_rollout_ref.actor.entropy_coeff"
-    coeff = float(c.get(key) or 0.0)
+    coeff = _entropy_coeff(c)
     if "metric_entropy" not in ctx.active_patches or coeff == 0.0:
         return []
-    return [Finding("error", key,
+    return [Finding("error", ENTROPY_COEFF,
                     f"entropy_coeff={coeff} with the metric_entropy patch: the patch is for a metric-only entropy "
                     "(it computes the entropy's forward in row chunks) and stops the run at the first loss",
                     "set actor_rollout_ref.actor.entropy_coeff=0, or drop metric_entropy from the patches")]
@@ -458,7 +464,7 @@ def check_metric_entropy_coeff(c: VerlConfig, ctx: Context) -> list[Finding]:
 
 def _update_entropy(c: VerlConfig, active_patches: Iterable[str]) -> str:
     """How the update computes the entropy (budget.UPDATE_ENTROPY_BYTES), as verl 0.9.1's trainer decides it."""
-    coeff = float(c.get("actor_rollout_ref.actor.entropy_coeff") or 0.0)
+    coeff = _entropy_coeff(c)
     if not (c.get("actor_rollout_ref.actor.calculate_entropy") or coeff != 0.0):
         return "none"
     return "detached" if coeff == 0.0 and "metric_entropy" in active_patches else "backprop"

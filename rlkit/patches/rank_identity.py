@@ -65,8 +65,8 @@ def _host_threads(engine) -> dict:
     """Threads the host step ran with (HostAdamW) and torch's own count in this worker (Ray sets it)."""
     import torch
 
-    report = getattr(getattr(engine, "optimizer", None), "memory_report", None)
-    return {"host_threads": report()["host_threads"] if report else None, "torch_threads": torch.get_num_threads()}
+    return {"host_threads": getattr(getattr(engine, "optimizer", None), "host_threads", None),
+            "torch_threads": torch.get_num_threads()}
 
 
 def _apply():
