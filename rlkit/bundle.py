@@ -14,6 +14,7 @@ run from a checkout, rlkit need not be installed)::
     python -m rlkit.bundle install --from .bundle --target /opt/rlkit-site
     export PYTHONPATH=/opt/rlkit-site:$PYTHONPATH
 
+``resplit --split-mib N`` re-cuts built parts (when what a transfer carries changes) without a new build.
 ``install`` verifies every part, joins them, verifies the whole, and installs all wheels in ONE
 ``pip install --no-index --no-deps --target`` (two installs into one target clobber shared
 namespace folders such as ``google/``).
@@ -253,7 +254,17 @@ def pack(wheels: list[Path], out: Path, split_mib: int, compress: bool) -> dict:
     if compress:
         archive = xz_compress(archive)
     manifest = {"archive": archive.name, "sha256": sha256(archive), "bytes": archive.stat().st_size,
-                "wheels": [p.name for p in wheels], "parts": []}
+                "wheels": [p.name for p in wheels]}
+    split(archive, out, split_mib, manifest)
+    archive.unlink()
+    return manifest
+
+
+def split(archive: Path, out: Path, split_mib: int, manifest: dict) -> dict:
+    """Cut ``archive`` into parts of at most ``split_mib`` MiB in ``out``; record them in the manifest there."""
+    for stale in out.glob(f"{archive.name}.part*"):
+        stale.unlink()
+    manifest["parts"] = []
     limit = split_mib * 2**20
     with open(archive, "rb") as f:
         index = 0
@@ -262,9 +273,16 @@ def pack(wheels: list[Path], out: Path, split_mib: int, compress: bool) -> dict:
             part.write_bytes(chunk)
             manifest["parts"].append({"name": part.name, "sha256": hashlib.sha256(chunk).hexdigest(), "bytes": len(chunk)})
             index += 1
-    archive.unlink()
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def resplit(bundle_dir: Path, split_mib: int) -> dict:
+    """Re-cut a built bundle's parts to a new size (no re-download, no re-compression)."""
+    with tempfile.TemporaryDirectory(dir=bundle_dir) as tmp:
+        archive = join_and_verify(bundle_dir, Path(tmp))
+        manifest = json.loads((bundle_dir / MANIFEST).read_text())
+        return split(archive, bundle_dir, split_mib, manifest)
 
 
 def join_and_verify(bundle_dir: Path, dest: Path) -> Path:
@@ -325,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--split-mib", type=int, default=58, help="largest part in MiB")
     build.add_argument("--compress", action="store_true", help="xz-compress the archive")
     build.add_argument("--plan-only", action="store_true", help="print the plan, download nothing")
+    cut = sub.add_parser("resplit", help="re-cut a built bundle's parts to another size (no download, no re-compression)")
+    cut.add_argument("--parts", default=".bundle/parts", help="the parts folder of a built bundle")
+    cut.add_argument("--split-mib", type=int, required=True, help="largest part in MiB")
     inst = sub.add_parser("install", help="on the node: verify, join and install a bundle")
     inst.add_argument("--from", dest="source", default=".bundle")
     inst.add_argument("--target", required=True, help="folder to put first on PYTHONPATH")
@@ -333,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "freeze":
             sys.stdout.write(freeze())
+        elif ns.command == "resplit":
+            if ns.split_mib < 1:
+                raise BundleError(f"--split-mib {ns.split_mib}: expected a positive number of MiB")
+            manifest = resplit(Path(ns.parts), ns.split_mib)
+            print(f"{len(manifest['parts'])} parts of at most {ns.split_mib} MiB in {ns.parts}")
         elif ns.command == "install":
             names = install(Path(ns.source), Path(ns.target))
             print(f"installed {len(names)} wheels into {ns.target}\nexport PYTHONPATH={Path(ns.target).resolve()}:$PYTHONPATH")

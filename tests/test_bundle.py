@@ -1,6 +1,7 @@
 """rlkit bundle: what goes to the node, and a verified split/join/install round trip (no network)."""
 import base64
 import hashlib
+import json
 import subprocess
 import sys
 import zipfile
@@ -70,6 +71,25 @@ def test_parts_are_split_at_the_limit_and_corruption_is_caught(tmp_path):
     part.unlink()
     with pytest.raises(B.BundleError, match="missing"):
         B.join_and_verify(tmp_path / "parts", tmp_path)
+
+
+def test_resplit_recuts_the_parts_and_the_bundle_still_installs(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = _wheel(wheels)
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
+    parts = tmp_path / "parts"
+    before = B.pack([wheel], parts, split_mib=2, compress=False)
+    assert len(before["parts"]) == 1
+    assert B.main(["resplit", "--parts", str(parts), "--split-mib", "1"]) == 0
+    after = json.loads((parts / B.MANIFEST).read_text())
+    assert [p["bytes"] for p in after["parts"]][0] == 2**20 and len(after["parts"]) == 2
+    assert sorted(p.name for p in parts.glob("*.part*")) == [p["name"] for p in after["parts"]]  # no stale part
+    assert {k: after[k] for k in ("archive", "sha256", "bytes", "wheels")} == \
+        {k: before[k] for k in ("archive", "sha256", "bytes", "wheels")}
+    assert B.install(parts, tmp_path / "site") == before["wheels"]
+    assert B.main(["resplit", "--parts", str(parts), "--split-mib", "0"]) == 1
 
 
 def test_freeze_lists_this_environment():

@@ -267,8 +267,29 @@ def test_default_host_threads_share_this_hosts_cpus(monkeypatch):
     assert HostAdamW(make_params()).host_threads == cpus
     monkeypatch.setenv("RAY_LOCAL_WORLD_SIZE", "2")  # verl's Ray workers
     assert HostAdamW(make_params()).host_threads == max(1, cpus // 2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's name wins
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # a stray 1 does not hide the Ray count: the larger one counts
+    assert HostAdamW(make_params()).host_threads == max(1, cpus // 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun
     assert HostAdamW(make_params()).host_threads == max(1, cpus // 4)
+    assert HostAdamW(make_params(), rank0_owner=False, host_threads=3).host_threads == 3
+
+
+def _host_count_worker(rank: int, store_path: str, out_dir: str) -> None:
+    for name in ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)  # what a launcher may leave unset: the count comes from the process group
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        torch.save(HostAdamW(make_params()).host_threads, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_default_host_threads_count_the_ranks_on_this_host_over_the_process_group():
+    with tempfile.TemporaryDirectory() as tmp:
+        _, out_dir = spawn_two_ranks(_host_count_worker, fresh_paths(tmp, "store", ""))
+        threads = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1)]
+    assert threads == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
 
 
 @pytest.mark.parametrize("impl", ["fused", "forloop"])
@@ -500,6 +521,7 @@ def _rank0_nccl_worker(rank: int, store_path: str, out_dir: str) -> None:
             _expose(parked, placeholders)
             ref.step()
         result = {"device": str(opt._broadcast_device), "buffer_after_step": opt._device_staging.nbytes() == {},
+                  "shared_threads": HostAdamW(make_params()).host_threads,  # counted over NCCL, both ranks here
                   "max_diff_vs_ref": max(float((p.detach().cpu() - r).abs().max())
                                          for p, r in zip(device_params + masters, ref_params))}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -516,3 +538,4 @@ def test_rank0_owner_broadcasts_over_nccl_by_default_bit_exact():
         results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1)]
     for rank, r in enumerate(results):
         assert r["device"] == f"cuda:{rank}" and r["buffer_after_step"] and r["max_diff_vs_ref"] == 0.0
+        assert r["shared_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)

@@ -49,7 +49,8 @@ host-resident parameter is its own master: restoring the parameter restores it.
 Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copies) with ``host_threads``
 intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
 process may run on, shared between the ranks on this host that step at the same time (all of them, or
-only the rank-0 owner). Why not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
+only the rank-0 owner; without the owner the ranks on this host are counted over torch.distributed at
+construction, a collective). Why not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
 the CPUs the actor requested, and verl requests none, so torch runs with one thread there and the whole
 host step of a 4B model is single-threaded. The kernels are elementwise, so the result does not depend on
 the thread count (bit-identical; tests/test_host_adamw.py checks 1 against 2 threads).
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import socket
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from copy import deepcopy
@@ -379,9 +381,22 @@ class HostAdamW(torch.optim.Optimizer):
 def _default_host_threads(rank0_owner: bool) -> int:
     """This process's CPUs, divided among the ranks of this host that run the host step concurrently."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # torchrun sets LOCAL_WORLD_SIZE; verl's Ray workers carry RAY_LOCAL_WORLD_SIZE.
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("RAY_LOCAL_WORLD_SIZE") or 1)
-    return max(1, cpus // (1 if rank0_owner else max(1, local_ranks)))
+    return cpus if rank0_owner else max(1, cpus // ranks_on_this_host())
+
+
+def ranks_on_this_host() -> int:
+    """Ranks of the job on this host: counted over torch.distributed when it is up, else the launchers' variables.
+
+    Counted, not read from the environment, because the environment misled where it mattered: in verl's Ray
+    workers (2 ranks on one 32-CPU host) the environment-based default gave each rank all 32 CPUs
+    (outputs/05_grpo_qwen3_4b/1-fixes-hostadamw/metrics.json, host_threads 32). The count is a collective: every rank of
+    the world must build its HostAdamW, as verl and torchrun scripts do.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        hosts: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(hosts, socket.gethostname())
+        return hosts.count(socket.gethostname())
+    return max(int(os.environ.get(name) or 1) for name in ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE"))
 
 
 @contextmanager
