@@ -11,6 +11,8 @@
 set -u
 root=$1; case=$2; shift 2
 lanes=${RLKIT_GPU_LANES:-1}
+# Side-by-side jobs share the host's CPUs: each HostAdamW step gets its lane's share (a job counts only its own ranks).
+[ "$lanes" -gt 1 ] && export RLKIT_HOST_THREADS=${RLKIT_HOST_THREADS:-$(( $(nproc) / lanes ))}
 mkdir -p "$root"
 source "$(dirname "$0")/node_lib.sh"
 lane() {

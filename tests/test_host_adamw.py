@@ -272,6 +272,12 @@ def test_default_host_threads_share_this_hosts_cpus(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun
     assert HostAdamW(make_params()).host_threads == max(1, cpus // 4)
     assert HostAdamW(make_params(), rank0_owner=False, host_threads=3).host_threads == 3
+    monkeypatch.setenv("RLKIT_HOST_THREADS", "5")  # jobs sharing a host: each rank's share, set from outside
+    assert HostAdamW(make_params()).host_threads == 5
+    assert HostAdamW(make_params(), host_threads=2).host_threads == 2
+    monkeypatch.setenv("RLKIT_HOST_THREADS", "half")
+    with pytest.raises(ValueError, match="RLKIT_HOST_THREADS='half'.*Fix"):
+        HostAdamW(make_params())
 
 
 def _host_count_worker(rank: int, store_path: str, out_dir: str) -> None:

@@ -23,10 +23,13 @@ def test_host_memory_readings_are_consistent():
 
 
 def test_host_peak_rss_sees_a_large_allocation():
-    before = measure.host_peak_rss_gib()
+    # The peak is a high-water mark: it must reach the current RSS plus the block, but from an earlier, higher
+    # peak it rises by less than the block (seen in CI), so the bar is set from the current RSS.
+    current = measure.host_rss_gib()
     block = bytearray(256 * 2**20)
     block[::4096] = b"x" * len(block[::4096])  # touch every page
-    assert measure.host_peak_rss_gib() >= before + 0.2
+    assert measure.host_rss_gib() >= current + 0.2
+    assert measure.host_peak_rss_gib() >= max(current + 0.2, measure.host_rss_gib() - 0.01)
     del block
 
 

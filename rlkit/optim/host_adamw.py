@@ -50,7 +50,8 @@ Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copie
 intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
 process may run on, shared between the ranks on this host that step at the same time (all of them, or
 only the rank-0 owner; without the owner the ranks on this host are counted over torch.distributed at
-construction, a collective). Why not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
+construction, a collective; several jobs on one host: ``RLKIT_HOST_THREADS`` sets each rank's threads). Why
+not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
 the CPUs the actor requested, and verl requests none, so torch runs with one thread there and the whole
 host step of a 4B model is single-threaded. The kernels are elementwise, so the result does not depend on
 the thread count (bit-identical; tests/test_host_adamw.py checks 1 against 2 threads).
@@ -378,8 +379,20 @@ class HostAdamW(torch.optim.Optimizer):
         self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
 
 
+HOST_THREADS_ENV = "RLKIT_HOST_THREADS"  # threads per stepping rank, for jobs that share a host with other jobs
+
+
 def _default_host_threads(rank0_owner: bool) -> int:
-    """This process's CPUs, divided among the ranks of this host that run the host step concurrently."""
+    """This process's CPUs, divided among the ranks of this host that run the host step concurrently.
+
+    ``RLKIT_HOST_THREADS`` overrides it: the ranks of one job are counted, other jobs on the host are not.
+    """
+    if os.environ.get(HOST_THREADS_ENV):
+        value = os.environ[HOST_THREADS_ENV]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{HOST_THREADS_ENV}={value!r}: expected a positive number of threads per stepping "
+                             f"rank. Fix: set it to e.g. the host's CPUs divided by the jobs on it, or unset it.")
+        return int(value)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cpus if rank0_owner else max(1, cpus // ranks_on_this_host())
 
