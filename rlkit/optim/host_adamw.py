@@ -387,8 +387,8 @@ def _default_host_threads(rank0_owner: bool) -> int:
 
     ``RLKIT_HOST_THREADS`` overrides it: the ranks of one job are counted, other jobs on the host are not.
     """
-    if os.environ.get(HOST_THREADS_ENV):
-        value = os.environ[HOST_THREADS_ENV]
+    value = os.environ.get(HOST_THREADS_ENV)
+    if value:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{HOST_THREADS_ENV}={value!r}: expected a positive number of threads per stepping "
                              f"rank. Fix: set it to e.g. the host's CPUs divided by the jobs on it, or unset it.")

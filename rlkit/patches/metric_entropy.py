@@ -14,8 +14,9 @@ makes the update pay for it twice; this patch removes both costs without touchin
 2. Forward. Without flash-attn (verl's padded-logits path) ``entropy_from_logits`` runs on the whole
    micro-batch at once: a softmax and its product with the logits, each as large as the logits (fp32 under
    bf16 autocast: 8 bytes per token x vocabulary element next to the 2-byte logits). The skip arms peaked
-   6.36 GiB above 1-fixes-hostadamw with it (outputs/05_grpo_qwen3_4b/), which these temporaries would
-   explain (not yet shown on the GPU). When no gradient is recorded (the forward of verl's entropy
+   6.36 GiB above 1-fixes-hostadamw with it; with the chunks below 4-rank0-owner's actor peak fell from
+   46.24 to 39.87 GiB, that of 1-fixes-hostadamw (outputs/05_grpo_qwen3_4b/4-rank0-owner.session4/ and
+   4-rank0-owner/). When no gradient is recorded (the forward of verl's entropy
    checkpoint, a no-grad pass) and outside ``torch.compile``, the patched ``entropy_from_logits`` runs
    verl's own function on ``ENTROPY_CHUNK_ROWS`` rows at a time, so that temporary is one chunk. Each row's
    entropy is the same computation; only the reduction kernels' work split may differ with the row count,
