@@ -263,7 +263,7 @@ def kv_bytes_per_seq(shape: ModelShape, seq_len: int, dtype_bytes: int = 2) -> i
 
 PHASES = ("rollout", "log_prob", "update_fwd_bwd", "optimizer_step", "weight_sync")
 DEVICE_COMPONENTS = (
-    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "master_fp32", "stale_offload_copy",
+    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "actor_non_torch", "master_fp32", "stale_offload_copy",
     "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
 )
 HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
@@ -316,7 +316,7 @@ class PlanSpec:
     param_offload: bool = True  # verl fsdp_config.param_offload
     optimizer_offload: bool = True  # verl fsdp_config.optimizer_offload
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
-    non_torch_gib: float = 0.5  # CUDA context, NCCL and allocator overhead outside torch tensors
+    non_torch_gib: float = 0.5  # per process on the card (vLLM's worker, the actor's): CUDA context, NCCL, workspaces
     logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
     update_entropy: str = "none"  # see UPDATE_ENTROPY_BYTES
     host_gib: float = 0.0  # host memory per node; 0 = do not check
@@ -411,6 +411,11 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     * vLLM: weights bf16, KV pool = util x total - weights - CUDA graphs - non-torch overhead. Captured
       CUDA graphs cannot be offloaded and stay resident in every phase; vLLM's own profiling
       activations are not modelled. While sleeping, vLLM frees KV and discards weights (sleep level 2).
+    * Two processes share each card: vLLM's worker and the actor's. Each holds ``non_torch_gib`` outside
+      torch's tensors (CUDA context, cuBLAS/NCCL workspaces) in every phase. vLLM's is inside its
+      ``util x total``; the actor's (``actor_non_torch``) is not. Measured on the H200 node as device used
+      minus torch reserved after verl's FSDP init, minus the idle baseline: 0.55 GiB for both models of
+      outputs/06_util_sweep/ (verl.log "After FSDP" lines).
     * Weight sync: vLLM weights are awake, the actor master is loaded and FSDP1's FULL_STATE_DICT
       under NO_SHARD makes a full fp32 clone on the device (staging). With ``master_on_host`` the sync
       streams from the host master one flat parameter at a time.
@@ -418,6 +423,7 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     P, T = s.params, (s.lora_params(spec.lora_rank) if spec.lora_rank else s.params)
     gpu = spec.gpu_gib * GIB
     graphs, non_torch = spec.cudagraph_gib * GIB, spec.non_torch_gib * GIB
+    actor_ctx = {"actor_non_torch": non_torch}
     largest = s.largest_flat_param
 
     master_dev = 0.0 if spec.master_on_host else 4.0 * P
@@ -442,25 +448,30 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
 
     device: dict[str, dict[str, float]] = {}  # phases in PHASES order; a skipped phase is absent
     device["rollout"] = {
+        **actor_ctx,
         "vllm_weights_bf16": vllm_weights, "kv_pool": max(kv_pool, 0.0), "cuda_graphs": graphs, "non_torch": non_torch,
         "master_fp32": 0.0 if spec.param_offload else master_dev, "stale_offload_copy": stale, "adam_moments": adam_dev_idle,
     }
     if not spec.skip_old_logprob:
         device["log_prob"] = {
+            **actor_ctx,
             "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
             "compute_copy_bf16": compute_copy, "adam_moments": adam_dev_idle, "activations": Nlp * layer_work,
             "logits": Nlp * s.vocab * logits_b["forward"], "staging": h2d_staging,
         }
     device["update_fwd_bwd"] = {
+        **actor_ctx,
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
         "compute_copy_bf16": compute_copy, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_idle, "activations": train_act,
         "logits": N * s.vocab * (logits_b["train"] + UPDATE_ENTROPY_BYTES[spec.update_entropy]), "staging": h2d_staging,
     }
     device["optimizer_step"] = {
+        **actor_ctx,
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
         "compute_copy_bf16": 2.0 * P if spec.cast_once else 0.0, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_step,
     }
     device["weight_sync"] = {
+        **actor_ctx,
         "vllm_weights_bf16": vllm_weights, "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev,
         "stale_offload_copy": stale, "adam_moments": adam_dev_idle,
         "staging": 4.0 * largest if spec.master_on_host else 4.0 * P,

@@ -1019,7 +1019,7 @@ def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
         out["agrees"] = actor.get(phase, 0.0) > card  # the planner also puts that phase over the card
     elif failure and failure["kind"] == "vllm_startup":
         # what the actor (and its process overhead) leaves free when vLLM starts, against vLLM's own reading
-        residue = sum(plan.device_gib["rollout"].get(c, 0.0) for c in (*ACTOR_COMPONENTS, "non_torch"))
+        residue = sum(plan.device_gib["rollout"].get(c, 0.0) for c in (*ACTOR_COMPONENTS, "actor_non_torch"))
         out["planner_free_at_vllm_start_gib"] = card - residue
         out["measured_free_at_vllm_start_gib"] = failure["free_gib"]
         out["ratio"] = out["planner_free_at_vllm_start_gib"] / failure["free_gib"]

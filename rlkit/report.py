@@ -201,6 +201,18 @@ def arc_summary(arms: dict[str, dict], commits: dict[str, str] | None = None) ->
             + (f"; arms without a complete run: {', '.join(missing)}." if missing else "."))
 
 
+def util_sweep_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Notebook 06's measured points (``outputs/06_util_sweep/<case>-u<util>/``) and the answer they give."""
+    from rlkit.experiments import util_sweep
+
+    folder = root / util_sweep.NOTEBOOK
+    try:
+        runs = [r for r in util_sweep.read_results(folder)["runs"] if r.get("measured")]
+    except FileNotFoundError:
+        runs = []
+    return util_sweep.answer_lines(runs) if runs else [f"*{util_sweep.NOTEBOOK}: no committed GPU results yet.*"]
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -214,6 +226,7 @@ def results_block(root: Path = OUTPUTS_DIR) -> str:
             continue
         lines += section(metrics) + [""]
     lines += grpo_arms_section(root) + [""]
+    lines += util_sweep_section(root) + [""]
     lines.append(END)
     return "\n".join(lines)
 

@@ -138,13 +138,17 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
     """Execute ``path`` over saved results (``results_dir`` parameter) into ``results_dir/executed.ipynb``.
 
     For results measured elsewhere (a GPU node without Jupyter): the folder keeps the params, env and
-    metrics written where the work ran; only the executed notebook is added.
+    metrics written where the work ran; only the executed notebook is added. ``results_dir`` is one run's
+    folder or, for a notebook that reads several (the sweep of notebook 06), a folder of run folders.
     """
     import tempfile
 
     results_dir = Path(results_dir)
-    if not (results_dir / "metrics.json").exists():
-        raise RunError(f"{results_dir} has no metrics.json to render; run the experiment first")
+    runs = [results_dir] if (results_dir / "metrics.json").exists() else (
+        [p for p in results_dir.iterdir() if (p / "metrics.json").exists()] if results_dir.is_dir() else [])
+    if not runs:
+        raise RunError(f"{results_dir} has no metrics.json to render, directly or in its sub-folders; "
+                       "run the experiment first")
     start = time.perf_counter()
     target = results_dir / "executed.ipynb"
     partial = results_dir / ".executed.partial.ipynb"

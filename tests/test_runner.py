@@ -119,5 +119,24 @@ def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
     executed = nbformat.read(saved / "executed.ipynb", as_version=4)
     assert "rendered 7" in executed.cells[-1].outputs[0]["text"]
     assert sorted(p.name for p in saved.iterdir()) == ["executed.ipynb", "metrics.json"]
+    (tmp_path / "empty").mkdir()
     with pytest.raises(R.RunError, match="no metrics.json"):
-        R.render(path, {"x": 1, "label": "a"}, tmp_path, progress=False)
+        R.render(path, {"x": 1, "label": "a"}, tmp_path / "empty", progress=False)
+
+
+def test_render_takes_a_folder_of_run_folders(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    body = "import glob, os\nprint('runs', len(glob.glob(os.path.join(results_dir, '*', 'metrics.json'))))\n"
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "demo.ipynb"
+    nbformat.write(nb, path)
+    sweep = tmp_path / "sweep"
+    for point in ("a-u0.4", "a-u0.6"):
+        (sweep / point).mkdir(parents=True)
+        (sweep / point / "metrics.json").write_text(json.dumps({"x": 7}))
+    result = R.render(path, {"x": 1, "label": "a"}, sweep, progress=False)
+    assert result.ok, result.error
+    assert "runs 2" in nbformat.read(sweep / "executed.ipynb", as_version=4).cells[-1].outputs[0]["text"]

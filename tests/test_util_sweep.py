@@ -10,7 +10,7 @@ from rlkit import budget
 from rlkit import params as P
 from rlkit.experiments import util_sweep as U
 from rlkit.measure import write_json_atomic
-from rlkit.results import NBS_DIR, load_profile
+from rlkit.results import NBS_DIR, load_profile, read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "util_sweep_logs.txt"
 
@@ -154,12 +154,19 @@ def test_phase_intervals_follow_verls_step_order():
     steps = [{"step": 2, "timing_s/gen": 10.0, "timing_s/reward": 1.0, "timing_s/old_log_prob": 4.0,
               "timing_s/adv": 1.0, "timing_s/update_actor": 8.0, "timing_s/update_weights": 2.0, "timing_s/step": 32.0}]
     got = {(iv["phase"]): (iv["start"], iv["end"]) for iv in U.phase_intervals(steps, {2: 100.0})}
-    assert got == {"gen": (68.0, 78.0), "reward": (78.0, 79.0), "old_log_prob": (79.0, 83.0), "adv": (83.0, 84.0),
-                   "update_actor": (84.0, 92.0), "update_weights": (98.0, 100.0), "step": (68.0, 100.0)}
-    samples = [(t, [float(t)]) for t in (1, 10, 70, 85, 95, 99, 120)]
+    # laid backward from the logged end; gen takes the step's start and its untimed 6 s
+    assert got == {"gen": (68.0, 84.0), "reward": (84.0, 85.0), "old_log_prob": (85.0, 89.0), "adv": (89.0, 90.0),
+                   "update_actor": (90.0, 98.0), "update_weights": (98.0, 100.0), "step": (68.0, 100.0)}
+    samples = [(t, [float(t)]) for t in (1, 10, 70, 83, 86, 95, 99, 120)]
     labels = [(r["phase"], r["step"]) for r in U.label_samples(samples, U.phase_intervals(steps, {2: 100.0}), 5.0)]
-    assert labels == [("idle", None), ("init", None), ("gen", 2), ("update_actor", 2), ("other", 2),
-                      ("update_weights", 2), ("shutdown", None)]
+    assert labels == [("idle", None), ("init", None), ("gen", 2), ("gen", 2), ("old_log_prob", 2),
+                      ("update_actor", 2), ("update_weights", 2), ("shutdown", None)]
+
+
+def test_phase_intervals_with_a_missing_phase_timer_leave_no_gap_before_it():
+    steps = [{"step": 1, "timing_s/gen": 5.0, "timing_s/update_actor": 8.0, "timing_s/step": 20.0}]
+    got = {(iv["phase"]): (iv["start"], iv["end"]) for iv in U.phase_intervals(steps, {1: 50.0})}
+    assert got == {"gen": (30.0, 42.0), "update_actor": (42.0, 50.0), "step": (30.0, 50.0)}
 
 
 def synthetic_samples_and_marks():
@@ -432,3 +439,71 @@ def test_run_in_own_session_logs_every_line_and_stops_the_session_on_timeout(tmp
     while os.path.exists(f"/proc/{grandchild}") and time.time() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{grandchild}")  # verl's own children (Ray, vLLM) go with the session
+
+
+# ------------------------------------------------------------------------------------------- analysing saved runs again
+
+def test_reanalyze_rebuilds_the_same_labels_from_a_run_saved_without_marks(tmp_path):
+    folder = saved_sweep(tmp_path) / "doc_small-u0.4"
+    (folder / "verl.log").write_text(sections()["run_ok"])
+    saved = read_metrics(folder)
+    before = [(r["t"], r["phase"], r["step"]) for r in saved["measured"]["timeline"]]
+    del saved["measured"]["marks"]  # runs of the first sweep predate stored marks
+    write_json_atomic(folder / "metrics.json", saved)
+    again = U.reanalyze(folder)
+    assert [(r["t"], r["phase"], r["step"]) for r in again["measured"]["timeline"]] == before
+    assert again["measured"]["phase_peaks"] == saved["measured"]["phase_peaks"]
+    assert read_metrics(folder)["analysis"]["history"][-1]["at"] == again["analysis"]["history"][-1]["at"]
+    assert U.main(["reanalyze", str(folder)]) == 0 and len(read_metrics(folder)["analysis"]["history"]) == 2
+
+
+def test_reanalyze_needs_a_measurement_and_its_log(tmp_path):
+    folder = saved_sweep(tmp_path) / "doc_small-u0.6"
+    with pytest.raises(FileNotFoundError, match="verl.log"):
+        U.reanalyze(folder)
+    cfg = config(case="doc_small")
+    write_json_atomic(tmp_path / "cpu" / "metrics.json", U.point_metrics(cfg, U.emulation_info(cfg), None, "no GPU"))
+    with pytest.raises(ValueError, match="no measurement"):
+        U.reanalyze(tmp_path / "cpu")
+    assert U.main(["reanalyze"]) == 2
+
+
+def test_a_phase_seen_by_too_few_samples_is_shown_but_not_compared(tmp_path):
+    runs = U.runs_of(U.read_results(saved_sweep(tmp_path)))
+    measured = runs[0]["measured"]
+    measured["phase_peaks"]["update_weights"] = {"peak_used_gib": 30.0, "peak_job_gib": 28.0, "samples": 2, "by_step": {}}
+    rows = {r["quantity"]: r for r in U.comparison_rows(runs[0]["planner"], measured, U.CASES["doc_small"])}
+    assert rows["peak_update_weights_gib"]["measured"] == 28.0 and rows["peak_update_weights_gib"]["ratio"] is None
+    assert "too short" in rows["peak_update_weights_gib"]["measured_source"]
+    assert rows["peak_update_actor_gib"]["ratio"] is not None
+
+
+def _update_measured(device_peak: float, allocated: float, reserved: float) -> dict:
+    return {"phase_peaks": {"update_actor": {"peak_job_gib": device_peak, "samples": 30, "by_step": {}}},
+            "verl_memory": {"max_memory_allocated_gb": allocated, "max_memory_reserved_gb": reserved}}
+
+
+def test_the_update_is_judged_without_the_actors_allocator_cache():
+    plan = budget.plan(U.planner_spec(config(case="qwen3_4b_48g"))).as_dict()
+    cached = U.emulated_verdict(_update_measured(50.0, 40.0, 47.4), 47.4, plan)
+    assert cached["update_fits"] is True and cached["phases_over"] == {"update_actor": 50.0}
+    b = cached["update_breakdown"]
+    assert b["allocator_cache_gib"] == pytest.approx(7.4) and b["rest_gib"] == pytest.approx(2.6)
+    assert b["needed_without_cache_gib"] == pytest.approx(42.6) and cached["verdict"].startswith("fits the emulated card without")
+    needs_more = U.emulated_verdict(_update_measured(50.0, 46.0, 47.4), 47.4, plan)
+    assert needs_more["update_fits"] is False and needs_more["verdict"] == "exceeds the emulated card in update_actor"
+    assert U.emulated_verdict(_update_measured(50.0, 40.0, 47.4), 47.4)["verdict"] == "exceeds the emulated card in update_actor"
+
+
+def test_answer_lines_come_from_the_runs(tmp_path):
+    runs = U.runs_of(U.read_results(saved_sweep(tmp_path)))
+    lines = U.answer_lines(runs)
+    rows = [line for line in lines if line.startswith("| doc_small |")]
+    assert len(rows) == 2 and rows[0].startswith("| doc_small | 0.4 | 28.91 | 391 |")
+    sentence = next(line for line in lines if line.startswith("- doc_small"))
+    assert "0.5, 0.7 not measured" in sentence and "stays at 15.00 GiB" in sentence and "no update OOM" in sentence
+    assert U.answer_lines([]) == ["*No measured runs (no GPU): nothing to answer from.*"]
+    moved = [dict(r, measured=dict(r["measured"], phase_peaks=dict(r["measured"]["phase_peaks"]))) for r in runs]
+    moved[1]["measured"]["phase_peaks"]["update_actor"] = {"peak_job_gib": 21.0, "samples": 30, "by_step": {}}
+    moved_sentence = next(line for line in U.answer_lines(moved) if line.startswith("- doc_small"))
+    assert "goes from 15.00 GiB at 0.4 to 21.00 GiB at 0.6" in moved_sentence
