@@ -195,6 +195,92 @@ def gpu_memory_reader():
         return _smi_reader(), "nvidia-smi"
 
 
+PROCESS_NAME_CHARS = 80  # of a process title kept with its per-process samples
+
+
+def _process_name(pid: int) -> str:
+    """The process's title as Ray and vLLM set it (``ray::WorkerDict...``, ``VLLM::Worker...``); "" where this
+    process cannot see ``pid`` (another PID namespace)."""
+    for name, read in (("cmdline", lambda b: b.replace(b"\0", b" ").strip()), ("comm", lambda b: b.strip())):
+        try:
+            text = read(Path(f"/proc/{pid}/{name}").read_bytes()).decode(errors="replace")
+        except OSError:
+            continue
+        if text:
+            return text[:PROCESS_NAME_CHARS]
+    return ""
+
+
+def parse_compute_apps(csv_text: str, uuids: list[str]) -> dict[int, float]:
+    """GiB per pid on the GPUs named by ``uuids``, from ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory
+    --format=csv,noheader,nounits`` (MiB; a process on several of those GPUs is summed; "[N/A]" counts 0)."""
+    held: dict[int, float] = {}
+    for line in csv_text.strip().splitlines():
+        uuid, pid, mib = (field.strip() for field in line.split(","))
+        if uuid in uuids:
+            held[int(pid)] = held.get(int(pid), 0.0) + (int(mib) / 1024 if mib.isdigit() else 0.0)
+    return held
+
+
+def gpu_process_memory_reader():
+    """A function returning ``[[pid, GiB, name], ...]``: what each process holds on the GPUs this process's CUDA
+    sees (NVML's per-process accounting, else nvidia-smi), largest first. It splits the device-wide reading of
+    :func:`gpu_memory_reader` between the processes that share a card (a verl actor and its vLLM engine)."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+        except pynvml.NVMLError as err:
+            raise SamplerUnavailable(f"NVML cannot be read here: {err!r}") from err
+        devices = [(i, u.decode() if isinstance(u, bytes) else u) for i, u in enumerate(uuids)]
+        handles = [handles[i] for i in visible_gpus(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
+
+        def held() -> dict[int, float]:
+            out: dict[int, float] = {}
+            for h in handles:
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else 0
+                    out[p.pid] = out.get(p.pid, 0.0) + used / GIB
+            return out
+    else:
+        import shutil
+        import subprocess
+
+        if not shutil.which("nvidia-smi"):
+            raise SamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
+
+        def smi(query: str) -> str:
+            return subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=10, check=True).stdout
+
+        rows = [[f.strip() for f in line.split(",")] for line in smi("gpu=index,uuid").strip().splitlines()]
+        chosen = visible_gpus([(int(i), u) for i, u in rows], os.environ.get("CUDA_VISIBLE_DEVICES"))
+        uuids = [u for i, u in rows if int(i) in chosen]
+
+        def held() -> dict[int, float]:
+            return parse_compute_apps(smi("compute-apps=gpu_uuid,pid,used_memory"), uuids)
+
+    try:
+        held()  # a driver or container without per-process accounting fails here, not in the sampling thread
+    except Exception as err:  # pynvml.NVMLError, subprocess errors
+        raise SamplerUnavailable(f"per-process GPU memory cannot be read here: {err!r}") from err
+    names: dict[int, str] = {}
+
+    def read() -> list[list]:
+        out = held()
+        for pid in out:
+            if pid not in names:
+                names[pid] = _process_name(pid)
+        return [[pid, gib, names[pid]] for pid, gib in sorted(out.items(), key=lambda kv: -kv[1])]
+
+    return read
+
+
 def host_memory_reader():
     """A function returning ``[used host GiB]``: MemTotal - MemAvailable from /proc/meminfo (memory new
     allocations cannot get, all processes of the node). Raises :class:`SamplerUnavailable` without it."""
@@ -217,12 +303,14 @@ class MemorySampler:
     processes) of the GPUs this process's CUDA sees.
 
     ``mark(phase)`` stamps phase boundaries so the timeline can be cut per phase; ``summary()``
-    gives the peak per phase and overall. Device-wide memory is what vLLM's start-up check reads,
+    gives the peak per phase and overall (for readers returning GiB lists; a per-process reader's samples are
+    read from ``samples``). Device-wide memory is what vLLM's start-up check reads,
     so it is the number to hold a planner against, unlike one process's allocator statistics. Any other
     ``reader`` (a function returning a list of GiB) is sampled the same way, e.g. :func:`host_memory_reader`.
     """
 
-    def __init__(self, interval_s: float = 1.0, reader=None, source: str | None = None) -> None:
+    def __init__(self, interval_s: float = 1.0, reader=None, source: str | None = None,
+                 origin: float | None = None) -> None:
         import threading
 
         if reader is None:
@@ -233,7 +321,9 @@ class MemorySampler:
         self.marks: list[tuple[float, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._t0 = time.time()
+        # time.time() that t = 0 stands for: a second sampler given another's origin shares its clock
+        self.origin = time.time() if origin is None else origin
+        self._t0 = self.origin
 
     def _loop(self) -> None:
         while not self._stop.is_set():

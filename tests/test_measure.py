@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from rlkit import measure
 
 
@@ -114,3 +116,44 @@ def test_launch_samplers_and_host_summary():
     finally:
         if host is not None:
             host.stop()
+
+
+def test_compute_apps_are_summed_per_process_on_the_gpus_cuda_sees():
+    # the format of `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits` (MiB)
+    text = "GPU-aaaa, 101, 2048\nGPU-bbbb, 202, 1024\nGPU-aaaa, 303, [N/A]\nGPU-bbbb, 101, 512\n"
+    assert measure.parse_compute_apps(text, ["GPU-aaaa"]) == {101: 2.0, 303: 0.0}
+    assert measure.parse_compute_apps(text, ["GPU-aaaa", "GPU-bbbb"]) == {101: 2.5, 202: 1.0, 303: 0.0}
+    assert measure.parse_compute_apps("", ["GPU-aaaa"]) == {}
+
+
+def test_a_second_sampler_shares_the_first_ones_clock():
+    import time
+
+    first = measure.MemorySampler(interval_s=0.01, reader=lambda: [0.0], source="a")
+    time.sleep(0.02)
+    second = measure.MemorySampler(interval_s=0.01, reader=lambda: [[1, 0.5, "x"]], source="b", origin=first.origin)
+    with second:
+        time.sleep(0.03)
+    assert second.origin == first.origin and second.samples[0][0] >= 0.02
+    assert second.samples[0][1] == [[1, 0.5, "x"]]
+
+
+def test_process_names_come_from_proc():
+    import os
+
+    assert "python" in measure._process_name(os.getpid()).lower() or "pytest" in measure._process_name(os.getpid())
+    assert measure._process_name(2**22 + 12345) == ""  # no such pid
+
+
+@pytest.mark.gpu
+def test_per_process_reader_sees_this_process_on_the_gpu():
+    import os
+
+    import torch
+
+    block = torch.empty(2 * measure.GIB, dtype=torch.uint8, device="cuda")
+    rows = measure.gpu_process_memory_reader()()
+    assert sum(gib for _, gib, _ in rows) >= 2.0, rows
+    mine = [gib for pid, gib, _ in rows if pid == os.getpid()]
+    assert not mine or mine[0] >= 2.0, rows  # in another PID namespace NVML lists host pids: this pid is absent
+    del block

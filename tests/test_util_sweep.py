@@ -507,3 +507,21 @@ def test_answer_lines_come_from_the_runs(tmp_path):
     moved[1]["measured"]["phase_peaks"]["update_actor"] = {"peak_job_gib": 21.0, "samples": 30, "by_step": {}}
     moved_sentence = next(line for line in U.answer_lines(moved) if line.startswith("- doc_small"))
     assert "goes from 15.00 GiB at 0.4 to 21.00 GiB at 0.6" in moved_sentence
+
+
+def test_per_process_samples_are_cut_by_phase_and_kept_for_reanalysis(tmp_path):
+    text, samples, marks = synthetic_samples_and_marks()
+    # SYNTHETIC per-process samples (not a measurement): vLLM's worker holds 30 GiB while the trace says gen, else 2
+    phases = {r["t"]: r["phase"] for r in U.measure_from_logs(text, samples, marks, U.CASES["doc_small"], 107.0, 0)["timeline"]}
+    held = [(t, [[11, 30.0 if phases[t] == "gen" else 2.0, "VLLM::Worker"], [22, 9.0, "ray::WorkerDict"]]) for t, _ in samples]
+    m = U.measure_from_logs(text, samples, marks, U.CASES["doc_small"], 107.0, 0, held)
+    assert m["process_phase_peaks"]["gen"] == {"VLLM::Worker [11]": 30.0, "ray::WorkerDict [22]": 9.0}
+    assert m["process_phase_peaks"]["update_actor"]["VLLM::Worker [11]"] == 2.0
+    cfg = config(case="doc_small", gpu_memory_utilization=0.4)
+    folder = tmp_path / "doc_small-u0.4"
+    write_json_atomic(folder / "metrics.json", U.point_metrics(cfg, U.emulation_info(cfg), m, "test fixture"))
+    (folder / "verl.log").write_text(text)
+    again = U.reanalyze(folder)
+    assert again["measured"]["process_phase_peaks"] == m["process_phase_peaks"]
+    rows = U.process_rows([again])
+    assert {"phase": "gen", "process": "VLLM::Worker [11]", "peak_gib": 30.0}.items() <= rows[0].items()

@@ -471,12 +471,28 @@ def phase_peaks(timeline: list[dict[str, Any]], baseline_gib: float) -> dict[str
 # the measured side of one run
 # ---------------------------------------------------------------------------------------------------
 
+def process_peaks(process_samples: list[tuple[float, list[list]]], intervals: list[dict[str, Any]],
+                  launch_t: float) -> dict[str, dict[str, float]]:
+    """Per phase, the peak GiB each process held (``"<title> [pid]"``), from per-process samples
+    (:func:`rlkit.measure.gpu_process_memory_reader`) on the device sampler's clock."""
+    rows = label_samples([(t, [0.0]) for t, _ in process_samples], intervals, launch_t)
+    out: dict[str, dict[str, float]] = {}
+    for row, (_, held) in zip(rows, process_samples):
+        entry = out.setdefault(row["phase"], {})
+        for pid, gib, name in held:
+            key = f"{name or 'process'} [{pid}]"
+            entry[key] = max(entry.get(key, 0.0), gib)
+    return out
+
+
 def measure_from_logs(log_text: str, samples: list[tuple[float, list[float]]], marks: list[tuple[float, str]],
-                      case: Case, wall_s: float, returncode: Any) -> dict[str, Any]:
+                      case: Case, wall_s: float, returncode: Any,
+                      process_samples: list[tuple[float, list[list]]] | None = None) -> dict[str, Any]:
     """Everything measured about one verl job, from its log and the sampler's samples and marks.
 
     ``marks``: ``(t, "launch")`` when verl started and ``(t, "logged:step<N>")`` when step N's metrics line
-    arrived (the sampler's clock).
+    arrived (the sampler's clock). ``process_samples``: ``(t, [[pid, GiB, title], ...])`` on the same clock,
+    where per-process memory could be read.
     """
     from rlkit.grpo import parse_console_metrics, summarize, training_steps
 
@@ -515,6 +531,8 @@ def measure_from_logs(log_text: str, samples: list[tuple[float, list[float]]], m
         "phase_peaks": phase_peaks(timeline, baseline),
         "timeline": timeline,
         "marks": [[t, name] for t, name in marks],
+        "process_samples": [[t, held] for t, held in process_samples] if process_samples is not None else None,
+        "process_phase_peaks": process_peaks(process_samples, intervals, launch_t) if process_samples else None,
     }
 
 
@@ -533,6 +551,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     env["VLLM_LOG_STATS_INTERVAL"] = str(VLLM_STATS_INTERVAL_S)
     step_line = re.compile(r"(?:^|[\s)])step:(\d+) - .*timing_s/step:")
     sampler = MemorySampler(interval_s=cfg.sample_interval_s).start()
+    processes, process_source = _process_sampler(cfg.sample_interval_s, sampler.origin)
     time.sleep(3 * cfg.sample_interval_s)  # idle samples: the baseline the job's memory is measured from
     sampler.mark("launch")
 
@@ -546,10 +565,13 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     sampler.mark("exited")
     released = _wait_for_release(sampler, RELEASE_WAIT_S)
     sampler.stop()
+    if processes is not None:
+        processes.stop()
     text = log_path.read_text(errors="replace")
-    measured = measure_from_logs(text, sampler.samples, sampler.marks, cfg.case_spec, wall, returncode)
+    measured = measure_from_logs(text, sampler.samples, sampler.marks, cfg.case_spec, wall, returncode,
+                                 processes.samples if processes is not None else None)
     measured.update(log_path=str(log_path), sampler={"source": sampler.source, "interval_s": sampler.interval_s,
-                    "samples": len(sampler.samples)}, device_released_after_s=released)
+                    "samples": len(sampler.samples), "per_process": process_source}, device_released_after_s=released)
     if measured["failure"] is None and (returncode != 0 or measured["steps_logged"] < cfg.steps):
         tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"verl exited with {measured['returncode']} after {wall:.0f} s having logged "
@@ -558,6 +580,17 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
     if measured["failure"] is None:
         measured["plugin_records"] = check_plugin_records(record_dir, recipe.patches, require_worker=True)
     return measured
+
+
+def _process_sampler(interval_s: float, origin: float):
+    """A started per-process sampler on the device sampler's clock and its source, or ``(None, why not)``."""
+    from rlkit.measure import MemorySampler, SamplerUnavailable, gpu_process_memory_reader
+
+    try:
+        reader = gpu_process_memory_reader()
+    except SamplerUnavailable as err:
+        return None, f"unavailable: {err}"
+    return MemorySampler(interval_s=interval_s, reader=reader, source="per-process", origin=origin).start(), "per-process"
 
 
 def _wait_for_release(sampler, limit_s: float) -> float | None:
@@ -807,8 +840,9 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{log_path} is missing: the run's console log is the input of the analysis")
     cfg = P.build(Config, metrics["config"], where=f"{path}/metrics.json config")
     samples, marks = saved_samples_and_marks(old)
+    process_samples = [(t, held) for t, held in old["process_samples"]] if old.get("process_samples") else None
     measured = measure_from_logs(log_path.read_text(errors="replace"), samples, marks, cfg.case_spec,
-                                 old["wall_s"], old["returncode"])
+                                 old["wall_s"], old["returncode"], process_samples)
     for kept in ("log_path", "sampler", "device_released_after_s", "plugin_records"):
         if kept in old:
             measured[kept] = old[kept]
@@ -977,6 +1011,18 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      **{f"rollout_step{k}_gib": v - base for k, v in sorted(gen.items())},
                      "planner_rollout_gib": rollout,
                      **{f"rollout_step{k}_ratio": (v - base) / rollout for k, v in sorted(gen.items())}})
+    return rows
+
+
+def process_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run, verl phase and process: the peak GiB that process held (runs with per-process samples only)."""
+    rows = []
+    for r in runs:
+        peaks = (r.get("measured") or {}).get("process_phase_peaks") or {}
+        for phase in PHASE_MAP:
+            for process, gib in sorted(peaks.get(phase, {}).items(), key=lambda kv: -kv[1]):
+                rows.append({"case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"], "phase": phase,
+                             "process": process, "peak_gib": gib})
     return rows
 
 
