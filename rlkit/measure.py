@@ -153,14 +153,19 @@ def visible_gpus(devices: list[tuple[int, str]], cuda_visible_devices: str | Non
     return chosen
 
 
-def _nvml_reader():
-    import pynvml  # provided by nvidia-ml-py
-
+def _nvml_visible_handles(pynvml) -> list:
+    """NVML handles of the GPUs this process's CUDA sees, in CUDA's order."""
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
     devices = [(i, u.decode() if isinstance(u, bytes) else u) for i, u in enumerate(uuids)]
-    handles = [handles[i] for i in visible_gpus(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
+    return [handles[i] for i in visible_gpus(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
+
+
+def _nvml_reader():
+    import pynvml  # provided by nvidia-ml-py
+
+    handles = _nvml_visible_handles(pynvml)
 
     def read() -> list[float]:
         return [pynvml.nvmlDeviceGetMemoryInfo(h).used / GIB for h in handles]
@@ -232,13 +237,9 @@ def gpu_process_memory_reader():
         pynvml = None
     if pynvml is not None:
         try:
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+            handles = _nvml_visible_handles(pynvml)
         except pynvml.NVMLError as err:
             raise SamplerUnavailable(f"NVML cannot be read here: {err!r}") from err
-        devices = [(i, u.decode() if isinstance(u, bytes) else u) for i, u in enumerate(uuids)]
-        handles = [handles[i] for i in visible_gpus(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
 
         def held() -> dict[int, float]:
             out: dict[int, float] = {}
