@@ -173,18 +173,27 @@ def _nvml_reader():
     return read
 
 
-def _smi_reader():
+def _require_nvidia_smi() -> None:
     import shutil
-    import subprocess
 
     if not shutil.which("nvidia-smi"):
         raise SamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
+
+
+def _smi(query: str) -> str:
+    """``nvidia-smi --query-<query> --format=csv,noheader,nounits``."""
+    import subprocess
+
+    return subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+def _smi_reader():
+    _require_nvidia_smi()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def read() -> list[float]:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        rows = [[field.strip() for field in line.split(",")] for line in out.strip().splitlines()]
+        rows = [[field.strip() for field in line.split(",")] for line in _smi("gpu=index,uuid,memory.used").strip().splitlines()]
         used = {int(index): int(mib) / 1024 for index, _, mib in rows}
         return [used[i] for i in visible_gpus([(int(index), uuid) for index, uuid, _ in rows], visible)]
 
@@ -249,22 +258,13 @@ def gpu_process_memory_reader():
                     out[p.pid] = out.get(p.pid, 0.0) + used / GIB
             return out
     else:
-        import shutil
-        import subprocess
-
-        if not shutil.which("nvidia-smi"):
-            raise SamplerUnavailable("no NVML bindings (pip install nvidia-ml-py) and no nvidia-smi on PATH")
-
-        def smi(query: str) -> str:
-            return subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=10, check=True).stdout
-
-        rows = [[f.strip() for f in line.split(",")] for line in smi("gpu=index,uuid").strip().splitlines()]
+        _require_nvidia_smi()
+        rows = [[f.strip() for f in line.split(",")] for line in _smi("gpu=index,uuid").strip().splitlines()]
         chosen = visible_gpus([(int(i), u) for i, u in rows], os.environ.get("CUDA_VISIBLE_DEVICES"))
         uuids = [u for i, u in rows if int(i) in chosen]
 
         def held() -> dict[int, float]:
-            return parse_compute_apps(smi("compute-apps=gpu_uuid,pid,used_memory"), uuids)
+            return parse_compute_apps(_smi("compute-apps=gpu_uuid,pid,used_memory"), uuids)
 
     try:
         held()  # a driver or container without per-process accounting fails here, not in the sampling thread

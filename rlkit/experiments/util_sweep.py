@@ -995,7 +995,7 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         m = r.get("measured")
         if not m:
             continue
-        b = update_breakdown(m, r["planner"]) or {}
+        b = (r.get("emulated_verdict") or {}).get("update_breakdown") or {}
         gen = (m["phase_peaks"].get("gen") or {}).get("by_step", {})
         base = m["baseline_used_gib"]
         rollout = r["planner"]["device_total_gib"]["rollout"]
@@ -1029,6 +1029,8 @@ def process_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def answer_lines(runs: list[dict[str, Any]], source: str = "outputs/06_util_sweep/<case>-u<util>/metrics.json") -> list[str]:
     """The answer seed 003 was missing, in Markdown: a table of the measured sweep and one sentence per case.
     Every number comes from ``runs``."""
+    from rlkit.report import _fmt  # the README's cell format
+
     measured = [r for r in runs if r.get("measured")]
     if not measured:
         return ["*No measured runs (no GPU): nothing to answer from.*"]
@@ -1039,17 +1041,18 @@ def answer_lines(runs: list[dict[str, Any]], source: str = "outputs/06_util_swee
               f"process capped at the case's emulated card; `{source}`). Steps 2.. for times; peaks are device-wide "
               "minus the idle baseline:"), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in sweep_rows(measured):
-        cells = (row["case"], f"{row['util']:g}", _fmt(row["kv_pool_gib"]), _fmt(row["max_concurrency"], ",.0f"),
-                 _fmt(row["kv_use_peak_pct"], ".1f"), _fmt(row["waiting_reqs_max"], "d"),
-                 _fmt(row["rollout_samples_per_s"], ".1f"), _fmt(row["step_s"], ".1f"), _fmt(row["peak_gen_gib"]),
-                 _fmt(row["peak_update_actor_gib"]), _fmt(row["actor_allocated_gib"]),
-                 "yes" if row["update_oom"] else "no", _fmt(row["usd_per_M_samples"], ".0f"))
+    rows = sweep_rows(measured)
+    for row in rows:
+        cells = (row["case"], f"{row['util']:g}", _fmt(row["kv_pool_gib"], ".2f"), _fmt(row["max_concurrency"], ",.0f"),
+                 _fmt(row["kv_use_peak_pct"]), _fmt(row["waiting_reqs_max"], "d"), _fmt(row["rollout_samples_per_s"]),
+                 _fmt(row["step_s"]), _fmt(row["peak_gen_gib"], ".2f"), _fmt(row["peak_update_actor_gib"], ".2f"),
+                 _fmt(row["actor_allocated_gib"], ".2f"), "yes" if row["update_oom"] else "no",
+                 _fmt(row["usd_per_M_samples"], ".0f"))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     oom = first_update_oom(runs)
     for case in dict.fromkeys(r["case"]["name"] for r in measured):
-        lines.append(_case_answer(case, [row for row in sweep_rows(measured) if row["case"] == case],
+        lines.append(_case_answer(case, [row for row in rows if row["case"] == case],
                                   next(r for r in measured if r["case"]["name"] == case), oom[case]))
     within = sum(1 for r in measured for c in r["comparison"] if c["ratio"] is not None and not c["off_by_more_than_10pct"])
     compared = sum(1 for r in measured for c in r["comparison"] if c["ratio"] is not None)
@@ -1093,10 +1096,6 @@ def _case_answer(case: str, pts: list[dict[str, Any]], run: dict[str, Any], oom:
             f"at a higher rollout peak ({span('peak_gen_gib', '.2f')} GiB); vLLM used at most {span('kv_use_peak_pct')}% "
             f"of its pool and {queue_text}. Rollout samples/s {span('rollout_samples_per_s')}, step {span('step_s')} s, "
             f"${span('usd_per_M_samples', '.0f')} per million samples at ${run['cost']['price_per_gpu_hour']:g}/GPU-hour.")
-
-
-def _fmt(value: Any, spec: str = ".2f") -> str:
-    return "-" if value is None else f"{value:{spec}}"
 
 
 def timeline_figure(run_metrics: dict[str, Any]):
