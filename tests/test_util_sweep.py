@@ -120,8 +120,11 @@ def test_vllm_startup_lines():
     assert [s["generation_tok_s"] for s in v["stats"]] == [5230.9, 11840.2, 12010.7]
     assert v["stats"][0] == {"prompt_tok_s": 2170.4, "generation_tok_s": 5230.9, "running_reqs": 256,
                              "waiting_reqs": 0, "kv_cache_usage_pct": 37.5}
+    assert v["sleeps"] == [{"pool_freed_gib": 30.74, "device_freed_gib": 31.41, "still_in_use_gib": 4.27},
+                           {"pool_freed_gib": 30.74, "device_freed_gib": 35.11, "still_in_use_gib": 4.52}]
     v2 = U.parse_vllm_log(sections()["run_ok_model_runner_v2"])
     assert v2["model_loading_gib"] == [7.55] and v2["cuda_graphs"][0]["gib"] == 1.12
+    assert v2["sleeps"] == []
     assert v2["max_concurrency"] == [{"max_model_len": 768, "concurrency": 76.04}]
 
 
@@ -503,10 +506,39 @@ def test_answer_lines_come_from_the_runs(tmp_path):
     sentence = next(line for line in lines if line.startswith("- doc_small"))
     assert "0.5, 0.7 not measured" in sentence and "stays at 15.00 GiB" in sentence and "no update OOM" in sentence
     assert U.answer_lines([]) == ["*No measured runs (no GPU): nothing to answer from.*"]
+    assert "rollout 10.00 s, which verl counts in 2-s polls" in sentence
     moved = [dict(r, measured=dict(r["measured"], phase_peaks=dict(r["measured"]["phase_peaks"]))) for r in runs]
     moved[1]["measured"]["phase_peaks"]["update_actor"] = {"peak_job_gib": 21.0, "samples": 30, "by_step": {}}
+    others_sentence = next(line for line in U.answer_lines(moved) if line.startswith("- doc_small"))
+    assert ("the actor's update does not move with util (allocated peak 9.75 GiB at every point" in others_sentence
+            and "update peak is 15.00-21.00 GiB, highest at 0.6 and lowest at 0.4" in others_sentence)
+    moved[1]["measured"]["verl_memory"] = {"max_memory_allocated_gb": 15.0, "max_memory_reserved_gb": 16.0}
     moved_sentence = next(line for line in U.answer_lines(moved) if line.startswith("- doc_small"))
     assert "goes from 15.00 GiB at 0.4 to 21.00 GiB at 0.6" in moved_sentence
+
+
+def test_vllm_memory_outside_its_sleep_pool_is_split_from_the_rollout(tmp_path):
+    runs = U.runs_of(U.read_results(saved_sweep(tmp_path)))
+    m = runs[0]["measured"]
+    # the fixture's second sleep follows step 1's rollout: 35.11 GiB freed on the device, 30.74 from the pool
+    assert U.vllm_outside_pool_by_step(m) == {"1": pytest.approx(35.11 - 30.74)}
+    gap = U.gap_rows(runs)[0]
+    rollout1 = m["phase_peaks"]["gen"]["by_step"]["1"] - m["baseline_used_gib"]
+    assert gap["vllm_outside_pool_step1_gib"] == pytest.approx(4.37)
+    assert gap["rollout_step1_ratio_without_outside_pool"] == pytest.approx((rollout1 - 4.37) / gap["planner_rollout_gib"])
+    assert "rollout_step2_ratio_without_outside_pool" not in gap  # no sleep line after step 2 in the fixture
+    line = next(line for line in U.answer_lines(runs) if line.startswith("- Rollout:"))
+    assert "doc_small: after step 1's rollout 4.37 GiB" in line
+    assert U.vllm_outside_pool_by_step({"vllm": {"sleeps": []}}) == {}
+
+
+def test_phases_are_split_by_holder_from_per_process_samples():
+    measured = {"process_phase_peaks": {"old_log_prob": {"ray::WorkerDict.actor_rollout_init_model [7]": 37.0,
+                                                         "VLLM::Worker [9]": 1.5, "python3 [3]": 0.4}}}
+    assert U.process_phase_peak(measured, "old_log_prob", "actor") == 37.0
+    assert U.process_phase_peak(measured, "old_log_prob", "vllm") == 1.5
+    assert U.process_phase_peak(measured, "update_actor", "actor") is None
+    assert U.process_phase_peak({}, "old_log_prob", "actor") is None
 
 
 def test_per_process_samples_are_cut_by_phase_and_kept_for_reanalysis(tmp_path):

@@ -45,6 +45,10 @@ from rlkit import params as P
 
 NOTEBOOK = "06_util_sweep"
 VLLM_STATS_INTERVAL_S = 2.0  # VLLM_LOG_STATS_INTERVAL for the launch (vLLM's default is 10 s)
+# verl 0.9.1's V1 trainer waits for finished rollouts in polls of this period (verl/trainer/ppo/v1/replay_buffer.py
+# ReplayBuffer poll_interval=2.0, _wait_for_next_poll), so timing_s/gen is known only to it: every gen time in
+# outputs/06_util_sweep/ is 2k + 0.07-0.11 s.
+VERL_ROLLOUT_POLL_S = 2.0
 RELEASE_WAIT_S = 90.0  # after verl exits, wait this long at most for the device to return to idle
 
 
@@ -278,6 +282,13 @@ _GRAPHS = re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + 
 _STATS = re.compile(r"Avg prompt throughput: " + _NUM + r" tokens/s, Avg generation throughput: " + _NUM
                     + r" tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs")
 _KV_USAGE = re.compile(r"GPU KV cache usage: " + _NUM + "%")
+# Sleep mode, one pair per sleep: vllm/device_allocator/cumem.py CuMemAllocator.sleep "CuMemAllocator: sleep
+# freed %.2f GiB memory in total, ..." (the pool gpu_memory_utilization sizes: weights, KV cache), then
+# vllm/v1/worker/gpu_worker.py Worker.sleep "Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in
+# use." (torch.cuda.mem_get_info before and after: the whole device, after the allocator's sleep has emptied
+# PyTorch's cache). verl sleeps the engine once after start-up and once after every rollout.
+_SLEEP_POOL = re.compile(r"CuMemAllocator: sleep freed " + _NUM + " GiB")
+_SLEEP_DEVICE = re.compile(r"Sleep mode freed " + _NUM + " GiB memory, " + _NUM + " GiB memory is still in use")
 # verl 0.9.1 verl/utils/profiler/performance.py log_gpu_memory_usage: "{head}, memory allocated (GB): {a},
 # memory reserved (GB): {r}, device memory used/total (GB): {u}/{t}" (GB there = 2**30 bytes).
 _VERL_MEMORY = re.compile(r"^(?:\([^)]*pid=\d+[^)]*\)\s*)?(.*?), memory allocated \(GB\): " + _NUM
@@ -300,7 +311,8 @@ def _f(text: str) -> float:
 
 
 def parse_vllm_log(text: str) -> dict[str, Any]:
-    """What vLLM reported at start-up (one entry per engine, in log order) and its throughput statistics."""
+    """What vLLM reported at start-up (one entry per engine, in log order), its throughput statistics and
+    what each sleep freed (in log order: after start-up, then after each rollout)."""
     text = _ANSI.sub("", text)
     stats = []
     for line in text.splitlines():
@@ -318,6 +330,9 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
                             for m in _CONCURRENCY.finditer(text)],
         "cuda_graphs": [{"seconds": _f(m.group(1)), "gib": _f(m.group(2))} for m in _GRAPHS.finditer(text)],
         "stats": stats,
+        "sleeps": [{"pool_freed_gib": _f(pool.group(1)), "device_freed_gib": _f(dev.group(1)),
+                    "still_in_use_gib": _f(dev.group(2))}
+                   for pool, dev in zip(_SLEEP_POOL.finditer(text), _SLEEP_DEVICE.finditer(text))],
     }
 
 
@@ -916,7 +931,8 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "kv_use_peak_pct": max((s["kv_cache_usage_pct"] for s in vllm.get("stats", [])
                                     if s["kv_cache_usage_pct"] is not None), default=None),
             "waiting_reqs_max": max((s["waiting_reqs"] for s in vllm.get("stats", [])), default=None),
-            "rollout_samples_per_s": m.get("rollout_samples_per_s"), "step_s": m.get("step_s"),
+            "rollout_samples_per_s": m.get("rollout_samples_per_s"), "gen_s": (m.get("summary") or {}).get("gen_s"),
+            "step_s": m.get("step_s"),
             "failure": f"{failure['kind']} in {failure['phase']}" if failure else None,
             "update_oom": m.get("update_oom"),
             "emulated": (r.get("emulated_verdict") or {}).get("verdict"),
@@ -986,10 +1002,39 @@ def describe(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def vllm_outside_pool_by_step(measured: dict[str, Any]) -> dict[str, float]:
+    """Per step (``"1"``, ``"2"``, ...): GiB the device freed across vLLM's sleep after that step's rollout
+    beyond the sleep-mode pool (``Sleep mode freed`` - ``CuMemAllocator: sleep freed``, :func:`parse_vllm_log`).
+
+    That pool is what ``gpu_memory_utilization`` sizes (weights and KV cache); the rest is what vLLM's
+    PyTorch allocator held beside it, which the allocator's sleep empties, plus anything another process
+    freed in the same instant (none does in verl's sequence: the actor waits for the rollout). The first
+    sleep follows start-up, so step k's rollout is sleep k.
+    """
+    sleeps = (measured.get("vllm") or {}).get("sleeps") or []
+    return {str(k): s["device_freed_gib"] - s["pool_freed_gib"] for k, s in enumerate(sleeps) if k >= 1}
+
+
+def _holder(process: str) -> str:
+    """Which side of the card a per-process key (``"<title> [pid]"``) is: verl's actor worker or vLLM's."""
+    if "WorkerDict" in process:
+        return "actor"
+    return "vllm" if "vllm" in process.lower() else "other"
+
+
+def process_phase_peak(measured: dict[str, Any], phase: str, holder: str) -> float | None:
+    """The largest per-process peak of ``holder`` (see :func:`_holder`) in a verl phase; None without
+    per-process samples."""
+    held = ((measured.get("process_phase_peaks") or {}).get(phase) or {})
+    values = [gib for process, gib in held.items() if _holder(process) == holder]
+    return max(values) if values else None
+
+
 def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where the planner's per-phase device estimate and the samples part, with what explains it (numbers
-    only, from each run): the update split by verl's actor numbers (:func:`update_breakdown`), and the
-    rollout peak step by step (step 1 against the later steps)."""
+    only, from each run): the update split by verl's actor numbers (:func:`update_breakdown`) and by process,
+    the rollout peak step by step with vLLM's memory outside its sleep-mode pool
+    (:func:`vllm_outside_pool_by_step`), and old_log_prob by process against the planner's actor share."""
     rows = []
     for r in runs:
         m = r.get("measured")
@@ -999,6 +1044,9 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         gen = (m["phase_peaks"].get("gen") or {}).get("by_step", {})
         base = m["baseline_used_gib"]
         rollout = r["planner"]["device_total_gib"]["rollout"]
+        outside = vllm_outside_pool_by_step(m)
+        log_prob = r["planner"]["device_gib"].get("log_prob", {})
+        actor_update = process_phase_peak(m, "update_actor", "actor")
         rows.append({"case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"],
                      "update_device_peak_gib": b.get("device_peak_gib"), "planner_update_gib": b.get("planner_device_gib"),
                      "actor_allocated_gib": b.get("actor_allocated_gib"),
@@ -1008,9 +1056,19 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "planner_update_plus_cache_gib": (b["planner_device_gib"] + b["allocator_cache_gib"]) if b else None,
                      "update_ratio_with_cache": (b["device_peak_gib"] / (b["planner_device_gib"] + b["allocator_cache_gib"]))
                      if b else None,
+                     "update_actor_process_gib": actor_update,
+                     "actor_non_torch_gib": actor_update - b["actor_reserved_gib"] if actor_update and b else None,
+                     "update_vllm_process_gib": process_phase_peak(m, "update_actor", "vllm"),
                      **{f"rollout_step{k}_gib": v - base for k, v in sorted(gen.items())},
                      "planner_rollout_gib": rollout,
-                     **{f"rollout_step{k}_ratio": (v - base) / rollout for k, v in sorted(gen.items())}})
+                     **{f"rollout_step{k}_ratio": (v - base) / rollout for k, v in sorted(gen.items())},
+                     **{f"vllm_outside_pool_step{k}_gib": v for k, v in sorted(outside.items())},
+                     **{f"rollout_step{k}_ratio_without_outside_pool": (v - base - outside[k]) / rollout
+                        for k, v in sorted(gen.items()) if k in outside},
+                     "log_prob_actor_process_gib": process_phase_peak(m, "old_log_prob", "actor"),
+                     "planner_log_prob_actor_gib": sum(v for c, v in log_prob.items()
+                                                       if c not in _NOT_ALLOCATED_BY_THE_ACTOR or c == "actor_non_torch"),
+                     "log_prob_vllm_process_gib": process_phase_peak(m, "old_log_prob", "vllm")})
     return rows
 
 
@@ -1054,6 +1112,7 @@ def answer_lines(runs: list[dict[str, Any]], source: str = "outputs/06_util_swee
     for case in dict.fromkeys(r["case"]["name"] for r in measured):
         lines.append(_case_answer(case, [row for row in rows if row["case"] == case],
                                   next(r for r in measured if r["case"]["name"] == case), oom[case]))
+    lines.append(_rollout_answer(measured))
     within = sum(1 for r in measured for c in r["comparison"] if c["ratio"] is not None and not c["off_by_more_than_10pct"])
     compared = sum(1 for r in measured for c in r["comparison"] if c["ratio"] is not None)
     lines.append(f"- Planner vs measured: {within} of {compared} compared quantities within 10%; notebook 06 shows the "
@@ -1070,12 +1129,21 @@ def _case_answer(case: str, pts: list[dict[str, Any]], run: dict[str, Any], oom:
         lo, hi = min(p[key] for p in pts), max(p[key] for p in pts)
         return f"{lo:{spec}}" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}-{hi:{spec}}"
 
+    def moves(key: str) -> bool:
+        values = [p[key] for p in pts if p[key] is not None]
+        return bool(values) and max(values) - min(values) > UPDATE_FLAT_GIB
+
     utils = [p["util"] for p in pts]
     missing = [u for u in run["config"]["sweep_utils"] if u not in utils]
-    update = [p["peak_update_actor_gib"] for p in pts]
-    if max(update) - min(update) <= UPDATE_FLAT_GIB:
+    if not moves("peak_update_actor_gib"):
         update_text = (f"the update's device peak stays at {span('peak_update_actor_gib', '.2f')} GiB: it does not move "
                        "with util (vLLM's sleep frees its KV pool before the update)")
+    elif not moves("actor_allocated_gib"):
+        top, low = max(pts, key=lambda p: p["peak_update_actor_gib"]), min(pts, key=lambda p: p["peak_update_actor_gib"])
+        update_text = (f"the actor's update does not move with util (allocated peak {span('actor_allocated_gib', '.2f')} GiB "
+                       f"at every point; vLLM's sleep frees its KV pool before the update); the device-wide update peak is "
+                       f"{span('peak_update_actor_gib', '.2f')} GiB, highest at {top['util']:g} and lowest at {low['util']:g}, "
+                       "the difference held by the other processes on the card")
     else:
         lo, hi = min(pts, key=lambda p: p["util"]), max(pts, key=lambda p: p["util"])
         update_text = (f"the update's device peak goes from {lo['peak_update_actor_gib']:.2f} GiB at {lo['util']:g} to "
@@ -1094,8 +1162,36 @@ def _case_answer(case: str, pts: list[dict[str, Any]], run: dict[str, Any], oom:
             + f"): {update_text}; {oom_text}. What util buys is the KV pool ({span('kv_pool_gib', '.2f')} GiB, "
             f"{span('max_concurrency', ',.0f')} concurrent 512-token sequences for a batch of {CASES[case].samples_per_step}) "
             f"at a higher rollout peak ({span('peak_gen_gib', '.2f')} GiB); vLLM used at most {span('kv_use_peak_pct')}% "
-            f"of its pool and {queue_text}. Rollout samples/s {span('rollout_samples_per_s')}, step {span('step_s')} s, "
-            f"${span('usd_per_M_samples', '.0f')} per million samples at ${run['cost']['price_per_gpu_hour']:g}/GPU-hour.")
+            f"of its pool and {queue_text}. Rollout samples/s {span('rollout_samples_per_s')} (rollout {span('gen_s', '.2f')} s, "
+            f"which verl counts in {VERL_ROLLOUT_POLL_S:g}-s polls: a difference of one poll is not engine speed), "
+            f"step {span('step_s')} s, ${span('usd_per_M_samples', '.0f')} per million samples at "
+            f"${run['cost']['price_per_gpu_hour']:g}/GPU-hour.")
+
+
+def _rollout_answer(measured: list[dict[str, Any]]) -> str:
+    """The rollout's device peak against util x card, from vLLM's own sleep lines (:func:`gap_rows`)."""
+    gaps = gap_rows(measured)
+    outside = {k: v for g in gaps for k, v in g.items() if k.startswith("vllm_outside_pool_step")}
+    if not outside:
+        return "- Rollout: vLLM's sleep lines are absent from these logs, so its memory outside the pool is not split."
+
+    def span(values: list[float], spec: str) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo:{spec}}" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}-{hi:{spec}}"
+
+    per_case = []
+    for case in dict.fromkeys(g["case"] for g in gaps):
+        rows = [g for g in gaps if g["case"] == case]
+        steps = sorted({k.removeprefix("vllm_outside_pool_step").removesuffix("_gib") for g in rows for k in g
+                        if k.startswith("vllm_outside_pool_step")}, key=int)
+        by_step = {k: [g[f"vllm_outside_pool_step{k}_gib"] for g in rows if f"vllm_outside_pool_step{k}_gib" in g] for k in steps}
+        held = "; ".join(f"after step {k}'s rollout {span(values, '.2f')} GiB" for k, values in by_step.items())
+        ratios = [v for g in rows for k, v in g.items() if k.endswith("_ratio_without_outside_pool")]
+        per_case.append(f"{case}: {held} (the rollout peak without it is x{span(ratios, '.2f')} the planner's)")
+    return ("- Rollout: util does not cap vLLM's process. Beside the sleep-mode pool that util sizes, vLLM's PyTorch "
+            "allocator held memory that its sleep gave back (vLLM's `Sleep mode freed` minus `CuMemAllocator: sleep "
+            "freed`, per rollout): " + "; ".join(per_case) + ". It is gone before old_log_prob and the update, so it "
+            "raises the rollout's peak only; leave it as headroom above util x card.")
 
 
 def timeline_figure(run_metrics: dict[str, Any]):
