@@ -240,6 +240,9 @@ def test_sweep_rows_cost_and_oom_summary(tmp_path):
     row = U.sweep_rows(runs)[0]
     assert (row["kv_pool_gib"], row["max_concurrency"], row["step_s"]) == (28.91, 390.75, 32.0)
     assert row["peak_gen_gib"] == 38.0 and row["failure"] is None
+    # the fixture's rollout took 10 s by verl's clock, which polls every 2 s: it may have ended at 8 s
+    assert (row["gen_s"], row["rollout_samples_per_s"]) == (10.0, 25.6)
+    assert row["rollout_samples_per_s_upper"] == pytest.approx(256 / 8.0)
     cost = runs[0]["cost"]
     assert cost["steady_state_usd_per_million_samples"] == pytest.approx(2.5 * (32.0 / 3600) / (256 / 1e6))
     assert cost["whole_job_usd_per_million_samples"] == pytest.approx(2.5 * (107.0 / 3600) / (512 / 1e6))

@@ -913,7 +913,11 @@ def runs_of(metrics: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per run: the issue's columns (KV pool, concurrency, peaks, samples/s, step time, OOM, cost)."""
+    """One row per run: the issue's columns (KV pool, concurrency, peaks, samples/s, step time, OOM, cost).
+
+    ``rollout_samples_per_s`` divides by verl's rollout time, which moves in polls of
+    :data:`VERL_ROLLOUT_POLL_S`; the rollout may have ended up to one poll earlier, so
+    ``rollout_samples_per_s_upper`` is the rate if it ended right after the previous poll."""
     rows = []
     for r in runs:
         m = r.get("measured") or {}
@@ -922,6 +926,7 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         conc = _first(vllm.get("max_concurrency", []))
         failure = m.get("failure") or {}
         cost = r.get("cost") or {}
+        gen_s = (m.get("summary") or {}).get("gen_s")
         rows.append({
             "case": r["case"]["name"], "util": r["config"]["gpu_memory_utilization"],
             "emulated_gib": r["emulation"]["emulated_total_gib"], "measured": bool(m),
@@ -931,7 +936,9 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "kv_use_peak_pct": max((s["kv_cache_usage_pct"] for s in vllm.get("stats", [])
                                     if s["kv_cache_usage_pct"] is not None), default=None),
             "waiting_reqs_max": max((s["waiting_reqs"] for s in vllm.get("stats", [])), default=None),
-            "rollout_samples_per_s": m.get("rollout_samples_per_s"), "gen_s": (m.get("summary") or {}).get("gen_s"),
+            "rollout_samples_per_s": m.get("rollout_samples_per_s"), "gen_s": gen_s,
+            "rollout_samples_per_s_upper": (m["rollout_samples_per_s"] * gen_s / (gen_s - VERL_ROLLOUT_POLL_S)
+                                            if m.get("rollout_samples_per_s") and gen_s and gen_s > VERL_ROLLOUT_POLL_S else None),
             "step_s": m.get("step_s"),
             "failure": f"{failure['kind']} in {failure['phase']}" if failure else None,
             "update_oom": m.get("update_oom"),
@@ -1224,8 +1231,11 @@ def throughput_figure(runs: list[dict[str, Any]]):
         pts = [r for r in rows if r["case"] == case]
         done = [r for r in pts if r["rollout_samples_per_s"] is not None]
         if done:
+            upper = [(r["rollout_samples_per_s_upper"] or r["rollout_samples_per_s"]) - r["rollout_samples_per_s"] for r in done]
             fig.add_scatter(x=[r["util"] for r in done], y=[r["rollout_samples_per_s"] for r in done],
-                            mode="lines+markers", name=f"{case}: rollout samples/s (measured)")
+                            error_y={"type": "data", "array": upper, "arrayminus": [0.0] * len(done)},
+                            mode="lines+markers", name=f"{case}: rollout samples/s (measured; bar: up to one "
+                                                       f"{VERL_ROLLOUT_POLL_S:g}-s poll earlier)")
         fig.add_scatter(x=[r["util"] for r in pts], y=[r["planner_kv_pool_gib"] for r in pts], mode="lines+markers",
                         line={"dash": "dot"}, name=f"{case}: KV pool GiB (planner)", secondary_y=True)
     fig.update_layout(title="throughput and KV pool vs gpu_memory_utilization", xaxis_title="gpu_memory_utilization "
