@@ -267,6 +267,10 @@ DEVICE_COMPONENTS = (
     "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
 )
 HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
+# The actor's own allocations (what torch.cuda.max_memory_allocated of the actor counts); the other device
+# components are vLLM's and the two processes' memory outside torch's allocator.
+ACTOR_ALLOCATED_COMPONENTS = ("master_fp32", "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments",
+                              "activations", "logits", "staging")
 RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_on_host", "cast_once", "skip_old_logprob")
 
 # Bytes held per logit element (micro-batch tokens x vocabulary) while log-probs are computed.

@@ -982,11 +982,6 @@ def _preflight_with_local_model(recipe: GRPORecipe, overrides: list[str], model_
     return json.loads(json.dumps(found).replace(tmp, model_path)) if tmp else found
 
 
-# The actor's own allocations in the planner (what torch.cuda.max_memory_allocated of the actor counts).
-ACTOR_COMPONENTS = ("master_fp32", "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments",
-                    "activations", "logits", "staging")
-
-
 def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
     """The planner for this run's exact overrides next to what the actor measured: its peak over the step's
     compute phases (verl's actor/perf/max_memory_allocated_gb) against the planner's largest actor total, or,
@@ -1001,7 +996,7 @@ def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
         if spec is None:
             return None
         plan = budget.plan(spec)
-    actor = {phase: sum(plan.device_gib[phase].get(c, 0.0) for c in ACTOR_COMPONENTS)
+    actor = {phase: sum(plan.device_gib[phase].get(c, 0.0) for c in budget.ACTOR_ALLOCATED_COMPONENTS)
              for phase in ("log_prob", "update_fwd_bwd", "optimizer_step") if phase in plan.device_gib}
     peak_phase = max(actor, key=actor.get)
     summary, failure = metrics.get("summary") or {}, (metrics.get("launch") or {}).get("failure")
@@ -1019,7 +1014,7 @@ def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
         out["agrees"] = actor.get(phase, 0.0) > card  # the planner also puts that phase over the card
     elif failure and failure["kind"] == "vllm_startup":
         # what the actor (and its process overhead) leaves free when vLLM starts, against vLLM's own reading
-        residue = sum(plan.device_gib["rollout"].get(c, 0.0) for c in (*ACTOR_COMPONENTS, "actor_non_torch"))
+        residue = sum(plan.device_gib["rollout"].get(c, 0.0) for c in (*budget.ACTOR_ALLOCATED_COMPONENTS, "actor_non_torch"))
         out["planner_free_at_vllm_start_gib"] = card - residue
         out["measured_free_at_vllm_start_gib"] = failure["free_gib"]
         out["ratio"] = out["planner_free_at_vllm_start_gib"] / failure["free_gib"]

@@ -188,12 +188,17 @@ def _smi(query: str) -> str:
                           capture_output=True, text=True, timeout=10, check=True).stdout
 
 
+def _smi_rows(query: str) -> list[list[str]]:
+    """:func:`_smi`'s rows, each split into its stripped fields."""
+    return [[field.strip() for field in line.split(",")] for line in _smi(query).strip().splitlines()]
+
+
 def _smi_reader():
     _require_nvidia_smi()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def read() -> list[float]:
-        rows = [[field.strip() for field in line.split(",")] for line in _smi("gpu=index,uuid,memory.used").strip().splitlines()]
+        rows = _smi_rows("gpu=index,uuid,memory.used")
         used = {int(index): int(mib) / 1024 for index, _, mib in rows}
         return [used[i] for i in visible_gpus([(int(index), uuid) for index, uuid, _ in rows], visible)]
 
@@ -259,7 +264,7 @@ def gpu_process_memory_reader():
             return out
     else:
         _require_nvidia_smi()
-        rows = [[f.strip() for f in line.split(",")] for line in _smi("gpu=index,uuid").strip().splitlines()]
+        rows = _smi_rows("gpu=index,uuid")
         chosen = visible_gpus([(int(i), u) for i, u in rows], os.environ.get("CUDA_VISIBLE_DEVICES"))
         uuids = [u for i, u in rows if int(i) in chosen]
 
@@ -324,11 +329,10 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         # time.time() that t = 0 stands for: a second sampler given another's origin shares its clock
         self.origin = time.time() if origin is None else origin
-        self._t0 = self.origin
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time() - self._t0, self.read()))
+            self.samples.append((time.time() - self.origin, self.read()))
             self._stop.wait(self.interval_s)
 
     def start(self) -> "MemorySampler":
@@ -338,7 +342,7 @@ class MemorySampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append((time.time() - self._t0, self.read()))
+        self.samples.append((time.time() - self.origin, self.read()))
 
     def __enter__(self):
         return self.start()
@@ -347,7 +351,7 @@ class MemorySampler:
         self.stop()
 
     def mark(self, phase: str) -> None:
-        self.marks.append((time.time() - self._t0, phase))
+        self.marks.append((time.time() - self.origin, phase))
 
     def phase_of(self, t: float) -> str:
         current = "start"

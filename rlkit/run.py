@@ -144,9 +144,9 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
     import tempfile
 
     results_dir = Path(results_dir)
-    runs = [results_dir] if (results_dir / "metrics.json").exists() else (
-        [p for p in results_dir.iterdir() if (p / "metrics.json").exists()] if results_dir.is_dir() else [])
-    if not runs:
+    saved = (results_dir / "metrics.json").exists() or (
+        results_dir.is_dir() and any((p / "metrics.json").exists() for p in results_dir.iterdir()))
+    if not saved:
         raise RunError(f"{results_dir} has no metrics.json to render, directly or in its sub-folders; "
                        "run the experiment first")
     start = time.perf_counter()

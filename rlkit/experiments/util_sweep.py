@@ -631,7 +631,6 @@ def _wait_for_release(sampler, limit_s: float) -> float | None:
 # verl phase (sampled) -> planner phases it covers.
 PHASE_MAP = {"gen": ("rollout",), "old_log_prob": ("log_prob",), "update_actor": ("update_fwd_bwd", "optimizer_step"),
              "update_weights": ("weight_sync",)}
-_NOT_ALLOCATED_BY_THE_ACTOR = ("vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "actor_non_torch")
 TOLERANCE = 0.10  # the issue's bar: planner within 10% of the measurement
 # A phase's peak is compared only when the sampler saw it this many times: update_weights lasts about 1 s, and
 # at 1 Hz its one or two samples fall on either side of vLLM waking up (29.1 vs 42.2 GiB in two runs of one case).
@@ -653,7 +652,7 @@ def comparison_rows(plan: dict[str, Any], measured: dict[str, Any] | None, case:
     concurrency = _first(vllm.get("max_concurrency", []))
     graphs = _first(vllm.get("cuda_graphs", []))
     rollout = plan["device_gib"]["rollout"]
-    actor_peak = max(sum(v for c, v in comps.items() if c not in _NOT_ALLOCATED_BY_THE_ACTOR)
+    actor_peak = max(sum(v for c, v in comps.items() if c in budget.ACTOR_ALLOCATED_COMPONENTS)
                      for comps in plan["device_gib"].values())
     rows = [
         ("vllm_weights_gib", rollout.get("vllm_weights_bf16", 0.0), _first(vllm.get("model_loading_gib", [])),
@@ -704,8 +703,8 @@ def update_breakdown(measured: dict[str, Any] | None, plan: dict[str, Any]) -> d
         return None
     phase = max(PHASE_MAP["update_actor"], key=lambda p: plan["device_total_gib"].get(p, 0.0))
     comps = plan["device_gib"][phase]
-    planner_actor = sum(v for c, v in comps.items() if c not in _NOT_ALLOCATED_BY_THE_ACTOR)
-    planner_rest = sum(v for c, v in comps.items() if c in _NOT_ALLOCATED_BY_THE_ACTOR)
+    planner_actor = sum(v for c, v in comps.items() if c in budget.ACTOR_ALLOCATED_COMPONENTS)
+    planner_rest = sum(v for c, v in comps.items() if c not in budget.ACTOR_ALLOCATED_COMPONENTS)
     return {"device_peak_gib": peak, "actor_allocated_gib": allocated, "actor_reserved_gib": reserved,
             "allocator_cache_gib": reserved - allocated, "rest_gib": peak - reserved,
             "needed_without_cache_gib": allocated + peak - reserved,
@@ -1073,8 +1072,8 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      **{f"rollout_step{k}_ratio_without_outside_pool": (v - base - outside[k]) / rollout
                         for k, v in sorted(gen.items()) if k in outside},
                      "log_prob_actor_process_gib": process_phase_peak(m, "old_log_prob", "actor"),
-                     "planner_log_prob_actor_gib": sum(v for c, v in log_prob.items()
-                                                       if c not in _NOT_ALLOCATED_BY_THE_ACTOR or c == "actor_non_torch"),
+                     "planner_log_prob_actor_gib": sum(log_prob.get(c, 0.0) for c in
+                                                       (*budget.ACTOR_ALLOCATED_COMPONENTS, "actor_non_torch")),
                      "log_prob_vllm_process_gib": process_phase_peak(m, "old_log_prob", "vllm")})
     return rows
 
@@ -1130,11 +1129,16 @@ def answer_lines(runs: list[dict[str, Any]], source: str = "outputs/06_util_swee
 UPDATE_FLAT_GIB = 0.5  # an update peak that moves less than this across the sweep "does not move" (1 Hz samples)
 
 
+def _span(values: list[float], spec: str) -> str:
+    """``lo-hi`` in ``spec``, or one value where both print the same."""
+    lo, hi = f"{min(values):{spec}}", f"{max(values):{spec}}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def _case_answer(case: str, pts: list[dict[str, Any]], run: dict[str, Any], oom: dict[str, Any]) -> str:
     """One case's sentence of :func:`answer_lines` (its measured rows ``pts``, one of its runs, its OOM entry)."""
     def span(key: str, spec: str = ".1f") -> str:
-        lo, hi = min(p[key] for p in pts), max(p[key] for p in pts)
-        return f"{lo:{spec}}" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}-{hi:{spec}}"
+        return _span([p[key] for p in pts], spec)
 
     def moves(key: str) -> bool:
         values = [p[key] for p in pts if p[key] is not None]
@@ -1178,23 +1182,20 @@ def _case_answer(case: str, pts: list[dict[str, Any]], run: dict[str, Any], oom:
 def _rollout_answer(measured: list[dict[str, Any]]) -> str:
     """The rollout's device peak against util x card, from vLLM's own sleep lines (:func:`gap_rows`)."""
     gaps = gap_rows(measured)
-    outside = {k: v for g in gaps for k, v in g.items() if k.startswith("vllm_outside_pool_step")}
-    if not outside:
-        return "- Rollout: vLLM's sleep lines are absent from these logs, so its memory outside the pool is not split."
-
-    def span(values: list[float], spec: str) -> str:
-        lo, hi = min(values), max(values)
-        return f"{lo:{spec}}" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}-{hi:{spec}}"
-
     per_case = []
-    for case in dict.fromkeys(g["case"] for g in gaps):
-        rows = [g for g in gaps if g["case"] == case]
-        steps = sorted({k.removeprefix("vllm_outside_pool_step").removesuffix("_gib") for g in rows for k in g
-                        if k.startswith("vllm_outside_pool_step")}, key=int)
-        by_step = {k: [g[f"vllm_outside_pool_step{k}_gib"] for g in rows if f"vllm_outside_pool_step{k}_gib" in g] for k in steps}
-        held = "; ".join(f"after step {k}'s rollout {span(values, '.2f')} GiB" for k, values in by_step.items())
-        ratios = [v for g in rows for k, v in g.items() if k.endswith("_ratio_without_outside_pool")]
-        per_case.append(f"{case}: {held} (the rollout peak without it is x{span(ratios, '.2f')} the planner's)")
+    for case in dict.fromkeys(r["case"]["name"] for r in measured):
+        by_step: dict[str, list[float]] = {}
+        for r in measured:
+            if r["case"]["name"] == case:
+                for step, gib in vllm_outside_pool_by_step(r["measured"]).items():
+                    by_step.setdefault(step, []).append(gib)
+        if not by_step:
+            continue
+        held = "; ".join(f"after step {k}'s rollout {_span(by_step[k], '.2f')} GiB" for k in sorted(by_step, key=int))
+        ratios = [v for g in gaps if g["case"] == case for k, v in g.items() if k.endswith("_ratio_without_outside_pool")]
+        per_case.append(f"{case}: {held} (the rollout peak without it is x{_span(ratios, '.2f')} the planner's)")
+    if not per_case:
+        return "- Rollout: vLLM's sleep lines are absent from these logs, so its memory outside the pool is not split."
     return ("- Rollout: util does not cap vLLM's process. Beside the sleep-mode pool that util sizes, vLLM's PyTorch "
             "allocator held memory that its sleep gave back (vLLM's `Sleep mode freed` minus `CuMemAllocator: sleep "
             "freed`, per rollout): " + "; ".join(per_case) + ". It is gone before old_log_prob and the update, so it "
