@@ -128,3 +128,46 @@ def notebook_out_dir(notebook: str) -> Path:
     path = Path(env) if env else OUTPUTS_DIR / notebook / "interactive"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def fmt(value, spec: str = ".1f") -> str:
+    """A results-table cell: ``value`` in ``spec``, or ``-`` where there is none."""
+    return "-" if value is None else format(value, spec)
+
+# ----------------------------------------------------------------------------------------------
+# committed results: what git tracks under outputs/, never what a local run (`make demo`'s tiny/) left there
+
+class NotACheckout(RuntimeError):
+    """Committed results cannot be told from local runs: the folder is not inside a git checkout."""
+
+
+def tracked_files(folder: str | os.PathLike) -> list[Path]:
+    """The files under ``folder`` that git tracks (``git ls-files``), as absolute paths, sorted.
+
+    Raises :class:`NotACheckout` when ``folder`` is not inside a git work tree or git is not installed: then
+    nothing says which results were committed, and guessing from what is on disk would mix in local runs.
+    """
+    import subprocess
+
+    folder = Path(folder).resolve()
+    where = next((p for p in (folder, *folder.parents) if p.is_dir()), None)
+    try:
+        out = subprocess.run(["git", "-C", str(where), "ls-files", "-z", "--full-name", "--", str(folder)],
+                             capture_output=True, text=True, check=False)
+        top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise NotACheckout(f"cannot run git ({err}): committed results under {folder} cannot be told from "
+                           "local runs. Fix: work in a git clone of rlkit") from err
+    if out.returncode or top.returncode:
+        raise NotACheckout(f"{folder} is not inside a git checkout ({(out.stderr or top.stderr).strip()}): "
+                           "committed results cannot be told from local runs. Fix: work in a git clone of rlkit")
+    root = Path(top.stdout.strip())
+    return sorted(root / name for name in out.stdout.split("\0") if name)
+
+
+def committed_runs(folder: str | os.PathLike) -> list[Path]:
+    """The run folders directly under ``folder`` (``outputs/<notebook>/``) whose ``metrics.json`` git tracks,
+    sorted by name. A folder only on disk (a ``make demo`` run, an interactive session) is not one of them."""
+    folder = Path(folder).resolve()
+    return sorted({f.parent for f in tracked_files(folder) if f.name == "metrics.json" and f.parent.parent == folder})

@@ -10,7 +10,7 @@ verl wraps ``ep.load()`` in ``except Exception`` and logs failures at debug leve
 exception here would vanish and the run would train unpatched. A failure therefore prints a banner
 to stderr, writes an error record, and raises :class:`PluginLoadError`, a ``BaseException`` that
 verl's handler does not catch: ``import verl`` itself fails. The recipe launcher
-(``rlkit.grpo.check_plugin_records``) also reads the records after the run and rejects any error or
+(``rlkit.verl_job.check_plugin_records``) also reads the records after the run and rejects any error or
 mismatch. Nothing else lives here: importing this module applies patches.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs the seed's arms of notebook 05 one after the other on a GPU node, each in a fresh verl launch.
-# usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.grpo.ARMS)
+# usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.recipe.ARMS)
 # The pseudo-arm "gpu-tests" runs the GPU tests of the patches the arms use (pytest -m gpu) first, its
 # console in <root>/gpu-tests.console.log: a few seconds that check the patches on this node before the arms.
 # Progress lines go to <root>/progress.txt; each arm's console to <root>/<arm>.console.log; results to

@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import data, grpo, offline_model, patches, reward
+from rlkit import data, grpo, offline_model, patches, reward, verl_job, verl_logs
+from rlkit import recipe as R
 from rlkit import params as P
 from rlkit.results import load_profile
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_console_sample.log"
 
 
-def _recipe(**changes) -> grpo.GRPORecipe:
-    return grpo.GRPORecipe(**changes)
+def _recipe(**changes) -> R.GRPORecipe:
+    return R.GRPORecipe(**changes)
 
 
 def test_defaults_are_the_mission_run():
-    r = grpo.GRPORecipe()
+    r = R.GRPORecipe()
     assert (r.model, r.data, r.train_batch_size, r.rollout_n) == ("qwen3-4b", "synthetic", 32, 8)
     assert (r.ppo_mini_batch_size, r.ppo_epochs, r.n_gpus, r.fsdp_size) == (32, 1, 2, 1)
     assert r.param_offload and r.free_cache_engine and r.gpu_memory_utilization == 0.85
@@ -49,14 +50,14 @@ def test_bad_recipe_names_the_key_and_fix(changes, key):
 @pytest.mark.parametrize("profile", ["tiny", "h200"])
 def test_profiles_hold_exactly_the_recipe_fields(profile):
     values = load_profile(grpo.NOTEBOOK, profile)
-    assert set(values) == set(P.field_names(grpo.GRPORecipe))
-    P.build(grpo.GRPORecipe, values)
+    assert set(values) == set(P.field_names(R.GRPORecipe))
+    P.build(R.GRPORecipe, values)
 
 
 def test_overrides_carry_the_recipe():
     r = _recipe(optimizer="HostAdamW", optimizer_offload=False, patches=("offload_views",), steps=3)
-    paths = grpo.Paths(model="/m", train_file="/d.parquet")
-    ov = grpo.render_overrides(r, paths)
+    paths = R.Paths(model="/m", train_file="/d.parquet")
+    ov = R.render_overrides(r, paths)
     for expected in ("data.train_batch_size=32", "actor_rollout_ref.rollout.n=8",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_epochs=1",
                      "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "actor_rollout_ref.model.path=/m",
@@ -66,12 +67,12 @@ def test_overrides_carry_the_recipe():
                      "actor_rollout_ref.actor.optim.optimizer=HostAdamW",
                      "actor_rollout_ref.rollout.gpu_memory_utilization=0.85",
                      "actor_rollout_ref.rollout.free_cache_engine=True", "trainer.total_training_steps=3",
-                     "trainer.logger=[console]", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                     "trainer.logger=[console,file]", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
                      "actor_rollout_ref.model.use_remove_padding=False", "ray_kwargs.ray_init.num_cpus=64",
                      "reward.custom_reward_function.path=pkg://rlkit.reward",
                      "reward.custom_reward_function.name=synthetic_hash"):
         assert expected in ov, expected
-    env = grpo.launch_env(r, "/rec", base={"VERL_USE_EXTERNAL_MODULES": "other"})
+    env = verl_job.launch_env(r, "/rec", base={"VERL_USE_EXTERNAL_MODULES": "other"})
     assert env["RLKIT_PATCHES"] == "offload_views" and env["RLKIT_RECORD_DIR"] == "/rec"
     assert env["VERL_USE_EXTERNAL_MODULES"] == "other,rlkit.verl_plugin"
     assert env["HF_HUB_OFFLINE"] == "1" and env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
@@ -89,12 +90,12 @@ RECIPES = {
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_overrides_compose_with_verls_own_config(name):
     r = _recipe(**RECIPES[name])
-    config = grpo.compose_verl_config(grpo.render_overrides(r))
+    config = verl_job.compose_verl_config(R.render_overrides(r))
     arr = config.actor_rollout_ref
     assert config.data.train_batch_size == r.train_batch_size and arr.rollout.n == r.rollout_n
     assert arr.actor.ppo_mini_batch_size == r.ppo_mini_batch_size and arr.actor.fsdp_config.fsdp_size == 1
     assert arr.rollout.gpu_memory_utilization == 0.85 and arr.model.override_config.attn_implementation == "sdpa"
-    assert config.trainer.n_gpus_per_node == 2 and list(config.trainer.logger) == ["console"]
+    assert config.trainer.n_gpus_per_node == 2 and list(config.trainer.logger) == ["console", "file"]
     assert arr.actor.optim.optimizer == r.optimizer
     expected_fn = None if r.resolved_reward == "dapo_math" else "synthetic_hash"
     assert (config.reward.custom_reward_function.path is None) == (expected_fn is None)
@@ -107,52 +108,52 @@ def test_overrides_compose_with_verls_own_config(name):
 def test_unknown_override_is_rejected_by_verls_config():
     r = _recipe(extra_overrides=("actor_rollout_ref.actor.fsdp_config.no_such_key=1",))
     with pytest.raises(Exception, match="no_such_key"):
-        grpo.compose_verl_config(grpo.render_overrides(r))
+        verl_job.compose_verl_config(R.render_overrides(r))
 
 
 @pytest.mark.verl
 def test_verify_subprocess_validates_and_loads_the_plugin(tmp_path):
     """The tiny profile's overrides through verl's validate_config + config dataclasses in a fresh
     process that imported verl, with the chosen patches applied by the plugin and recorded."""
-    r = P.build(grpo.GRPORecipe, load_profile(grpo.NOTEBOOK, "tiny"))
+    r = P.build(R.GRPORecipe, load_profile(grpo.NOTEBOOK, "tiny"))
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = grpo.render_overrides(r, grpo.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = grpo.verify_subprocess(r, ov, tmp_path)
+    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = verl_job.verify_subprocess(r, ov, tmp_path)
     assert result["active_patches"] == list(r.patches) == ["offload_views", "no_shard"]
     assert "actor_rollout_ref.model" in result["validated_sections"]
     assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
     bad = dataclasses.replace(r, micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
                               extra_overrides=("actor_rollout_ref.rollout.log_prob_micro_batch_size=4",))
     with pytest.raises(RuntimeError, match="log_prob_micro_batch_size"):
-        grpo.verify_subprocess(bad, grpo.render_overrides(bad, grpo.Paths(model["path"], dataset.path)), tmp_path)
+        verl_job.verify_subprocess(bad, R.render_overrides(bad, R.Paths(model["path"], dataset.path)), tmp_path)
 
 
 @pytest.mark.verl
 def test_verify_subprocess_accepts_the_full_arc_in_its_own_order(tmp_path):
     """The last arm names every patch in the arc's order, not the registry's; the plugin applies them in
     that order and the check compares the sets (a verify of arm 5 once failed on the order alone)."""
-    values = {**load_profile(grpo.NOTEBOOK, "tiny"), **grpo.arm_values("5-master-on-host-cast-once")}
-    r = P.build(grpo.GRPORecipe, values)
+    values = {**load_profile(grpo.NOTEBOOK, "tiny"), **R.arm_values("5-master-on-host-cast-once")}
+    r = P.build(R.GRPORecipe, values)
     assert list(r.patches) != [p for p in patches.KNOWN_PATCHES if p in r.patches]
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = grpo.render_overrides(r, grpo.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = grpo.verify_subprocess(r, ov, tmp_path)
+    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = verl_job.verify_subprocess(r, ov, tmp_path)
     assert sorted(result["active_patches"]) == sorted(r.patches)
     assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
     assert result["plugin_records"][0]["wiring"] == ["master_on_host_verl"]
 
 
 def test_parse_console_log_fixture():
-    steps = grpo.parse_console_metrics(FIXTURE.read_text())
+    steps = verl_logs.parse_console_metrics(FIXTURE.read_text())
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
-    assert [s["step"] for s in grpo.training_steps(steps)] == [1, 2, 3]
+    assert [s["step"] for s in verl_logs.training_steps(steps)] == [1, 2, 3]
     one = steps[1]
     assert one["timing_s/gen"] == 18.2 and one["timing_s/update_actor"] == 80.4 and one["timing_s/step"] == 138.0
     assert one["actor/grad_norm"] == 1.7612 and one["actor/pg_loss"] == -0.00421  # np.float64(...) unwrapped
     assert one["actor/lr"] == 1e-06 and one["training/num_turns/max"] == 2 and one["training/global_step"] == 1
-    summary = grpo.summarize(steps)
+    summary = verl_logs.summarize(steps)
     assert summary["steps_averaged"] == [2, 3]
     assert summary["step_s"] == pytest.approx((76.1 + 75.4) / 2)
     assert summary["actor_max_allocated_gib"] == 75.0 and summary["ref_s"] is None
@@ -169,7 +170,7 @@ def test_parser_reads_what_verls_console_logger_prints():
     metrics = {"timing_s/gen": 1.5, "actor/pg_loss": np.float64(-2.5e-05), "actor/grad_norm": np.float32(0.75),
                "training/num_turns/max": np.int64(3), "perf/total_num_tokens": 4096, "critic/score/mean": float("nan")}
     line = "(TaskRunnerV1 pid=7) " + concat_dict_to_str(metrics, step=12)
-    (parsed,) = grpo.parse_console_metrics(line + "\n")
+    (parsed,) = verl_logs.parse_console_metrics(line + "\n")
     assert math.isnan(parsed.pop("critic/score/mean"))
     assert parsed == {"step": 12, "timing_s/gen": 1.5, "actor/pg_loss": -2.5e-05, "actor/grad_norm": 0.75,
                       "training/num_turns/max": 3, "perf/total_num_tokens": 4096}
@@ -192,8 +193,8 @@ def test_dapo_math_reward_is_verls_scoring():
 
 def test_read_results_tabulates_arms(tmp_path):
     base = {"recipe": {"patches": [], "optimizer": "AdamW"}, "launched": True,
-            "steps": grpo.parse_console_metrics(FIXTURE.read_text())}
-    base["summary"] = grpo.summarize(base["steps"])
+            "steps": verl_logs.parse_console_metrics(FIXTURE.read_text())}
+    base["summary"] = verl_logs.summarize(base["steps"])
     for arm, arm_patches in (("stock", []), ("offload_views", ["offload_views"])):
         (tmp_path / arm).mkdir()
         metrics = {**base, "recipe": {**base["recipe"], "patches": arm_patches}}
@@ -206,10 +207,11 @@ def test_read_results_tabulates_arms(tmp_path):
 
 
 def test_launch_is_skipped_without_enough_gpus():
-    launched, reason = grpo.launch_decision(_recipe(n_gpus=8, train_batch_size=32))
-    if grpo.gpu_count() < 8:
-        assert not launched and "n_gpus=8" in reason
-    assert grpo.launch_decision(_recipe(launch="never")) == (False, "launch: never (set launch: auto or always to run verl)")
+    launched, reason = verl_job.launch_decision("auto", 8, "run it on a GPU node")
+    if verl_job.gpu_count() < 8:
+        assert not launched and "n_gpus=8" in reason and reason.endswith("run it on a GPU node")
+    assert verl_job.launch_decision("never", 1, "-") == (False, "launch: never (set launch: auto or always to run verl)")
+    assert verl_job.launch_decision("always", 8, "-")[0]
 
 
 def test_cli_render(capsys):
@@ -224,17 +226,17 @@ def test_cli_render(capsys):
                                      {"optimizer": "HostAdamW", "optimizer_offload": False, "param_offload": False}])
 def test_master_on_host_needs_param_offload_and_host_adamw(changes):
     with pytest.raises(P.ParamError, match=r"GRPORecipe.patches: master_on_host .* Fix: set optimizer: HostAdamW"):
-        grpo.GRPORecipe(patches=("offload_views", "master_on_host"), **changes)
-    grpo.GRPORecipe(patches=("offload_views", "master_on_host", "cast_once"), optimizer="HostAdamW",
+        R.GRPORecipe(patches=("offload_views", "master_on_host"), **changes)
+    R.GRPORecipe(patches=("offload_views", "master_on_host", "cast_once"), optimizer="HostAdamW",
                     optimizer_offload=False)
 
 
 @pytest.mark.verl
-@pytest.mark.parametrize("arm", list(grpo.ARMS))
+@pytest.mark.parametrize("arm", list(R.ARMS))
 def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
-    values = {**load_profile(grpo.NOTEBOOK, "h200"), **grpo.arm_values(arm)}
-    r = P.build(grpo.GRPORecipe, values, where=arm)
-    config = grpo.compose_verl_config(grpo.render_overrides(r))
+    values = {**load_profile(grpo.NOTEBOOK, "h200"), **R.arm_values(arm)}
+    r = P.build(R.GRPORecipe, values, where=arm)
+    config = verl_job.compose_verl_config(R.render_overrides(r))
     optim = config.actor_rollout_ref.actor.optim
     if r.optimizer == "HostAdamW":
         assert optim.optimizer_impl == "rlkit.optim" and not config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
@@ -242,18 +244,18 @@ def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
                                                          "rank0_owner": r.host_rank0_owner}
     else:
         assert optim.override_optimizer_config is None
-    env = grpo.launch_env(r, "/tmp/records", base={})
+    env = verl_job.launch_env(r, "/tmp/records", base={})
     assert env["RLKIT_EMULATE_GPU_GIB"] == "47.4" and env["RLKIT_CHECK_RANK_IDENTITY"] == "1"
     assert env["VLLM_LOGGING_LEVEL"] == "INFO"  # vLLM's KV-cache report; verl would set WARN
 
 
 def test_arms_are_cumulative_in_the_seeds_order():
-    names = list(grpo.ARMS)
-    assert names[0] == "0-stock" and grpo.ARMS["0-stock"]["expect_failure"]
+    names = list(R.ARMS)
+    assert names[0] == "0-stock" and R.ARMS["0-stock"]["expect_failure"]
     for before, after in itertools.pairwise(names[1:]):
-        assert set(grpo.ARMS[before]["patches"]) <= set(grpo.ARMS[after]["patches"])
+        assert set(R.ARMS[before]["patches"]) <= set(R.ARMS[after]["patches"])
     with pytest.raises(P.ParamError, match="unknown arm"):
-        grpo.arm_values("9-nothing")
+        R.arm_values("9-nothing")
 
 
 def test_sanity_bar_fails_on_nan_zero_grad_or_differing_ranks():
@@ -281,11 +283,11 @@ def test_optimizer_step_summary_averages_the_window_and_skips_old_records():
 
 
 def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs():
-    from rlkit.env import REPO_ROOT
+    from conftest import committed_run
 
-    run = REPO_ROOT / "outputs" / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192"
-    if not run.exists():
-        pytest.skip("no committed GPU arm")
+    from rlkit.results import OUTPUTS_DIR
+
+    run = committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192")
     committed = json.loads((run / "metrics.json").read_text())
     again = grpo.collect(run, committed["launch"]["collected"]["note"])
     for key in ("steps", "summary", "sanity", "overrides"):
@@ -304,10 +306,11 @@ def test_planner_agrees_with_every_committed_gpu_arm():
     """The phase-budget planner, given each measured arm's exact overrides, predicts what the arm did: the
     actor's peak within 10 %, an OOM in the phase that ran out of the card, vLLM refusing to start with the
     free memory vLLM read within 10 % (outputs/05_grpo_qwen3_4b/, 2 x H200 emulating 47.4 GiB cards)."""
-    from rlkit.env import REPO_ROOT
+    from conftest import committed_runs
 
-    root = REPO_ROOT / "outputs" / grpo.NOTEBOOK
-    arms = sorted(p for p in root.iterdir() if (p / "metrics.json").exists()) if root.is_dir() else []
+    from rlkit.results import OUTPUTS_DIR
+
+    arms = committed_runs(OUTPUTS_DIR / grpo.NOTEBOOK)  # not the tiny/ folder `make demo` writes beside them
     if not arms:
         pytest.skip("no committed GPU arms")
     checks = {p.name: grpo.planner_check(grpo.read_results(p)) for p in arms}

@@ -48,7 +48,7 @@ def test_records_are_read_in_step_order(tmp_path):
 
 
 def test_a_new_launch_starts_without_the_previous_launchs_records(tmp_path):
-    from rlkit.grpo import clear_plugin_records
+    from rlkit.verl_job import clear_plugin_records
 
     record_dir = tmp_path / "plugin_records"
     record_dir.mkdir()

@@ -6,7 +6,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlkit import budget
+from rlkit import budget, grpo, verl_job, verl_logs
+from rlkit import recipe as recipe_module
 from rlkit import params as P
 from rlkit.experiments import util_sweep as U
 from rlkit.measure import write_json_atomic
@@ -111,7 +112,7 @@ def test_planner_spec_is_the_emulated_card_with_the_cases_settings():
 # ------------------------------------------------------------------------------------------- parsers
 
 def test_vllm_startup_lines():
-    v = U.parse_vllm_log(sections()["run_ok"])
+    v = verl_logs.parse_vllm_log(sections()["run_ok"])
     assert v["model_loading_gib"] == [1.38]
     assert v["kv_cache_gib"] == [28.91]
     assert v["kv_cache_tokens"] == [200064]
@@ -122,14 +123,14 @@ def test_vllm_startup_lines():
                              "waiting_reqs": 0, "kv_cache_usage_pct": 37.5}
     assert v["sleeps"] == [{"pool_freed_gib": 30.74, "device_freed_gib": 31.41, "still_in_use_gib": 4.27},
                            {"pool_freed_gib": 30.74, "device_freed_gib": 35.11, "still_in_use_gib": 4.52}]
-    v2 = U.parse_vllm_log(sections()["run_ok_model_runner_v2"])
+    v2 = verl_logs.parse_vllm_log(sections()["run_ok_model_runner_v2"])
     assert v2["model_loading_gib"] == [7.55] and v2["cuda_graphs"][0]["gib"] == 1.12
     assert v2["sleeps"] == []
     assert v2["max_concurrency"] == [{"max_model_len": 768, "concurrency": 76.04}]
 
 
 def test_verl_memory_lines():
-    rows = U.parse_verl_memory(sections()["run_ok"])
+    rows = verl_logs.parse_verl_memory(sections()["run_ok"])
     assert rows == [{"label": "After FSDP", "allocated_gib": 3.06, "reserved_gib": 3.12, "device_used_gib": 4.21,
                      "device_total_gib": 139.8}]
 
@@ -140,15 +141,15 @@ def test_verl_memory_lines():
     ("vllm_refuses", "vllm_startup", "init"),
 ])
 def test_failures_are_found_and_placed(section, kind, phase):
-    failure = U.find_failure(sections()[section])
+    failure = verl_logs.find_failure(sections()[section])
     assert (failure["kind"], failure["phase"]) == (kind, phase)
 
 
 def test_failure_details_and_clean_run():
-    assert U.find_failure(sections()["update_oom"])["tried_to_allocate"] == "2.32 GiB"
-    refused = U.find_failure(sections()["vllm_refuses"])
+    assert verl_logs.find_failure(sections()["update_oom"])["tried_to_allocate"] == "2.32 GiB"
+    refused = verl_logs.find_failure(sections()["vllm_refuses"])
     assert (refused["free_gib"], refused["total_gib"], refused["requested_gib"]) == (123.08, 139.8, 125.82)
-    assert U.find_failure(sections()["run_ok"]) is None
+    assert verl_logs.find_failure(sections()["run_ok"]) is None
 
 
 # ------------------------------------------------------------------------------------------- phase alignment
@@ -179,9 +180,7 @@ def synthetic_samples_and_marks():
              "update_actor": 17.0, "update_weights": 13.0, "other": 12.0, "shutdown": 2.0}
     marks = [(3.0, "launch"), (60.0, "logged:step1"), (100.0, "logged:step2")]
     text = sections()["run_ok"]
-    from rlkit.grpo import parse_console_metrics
-
-    intervals = U.phase_intervals(parse_console_metrics(text), {1: 60.0, 2: 100.0})
+    intervals = U.phase_intervals(verl_logs.parse_console_metrics(text), {1: 60.0, 2: 100.0})
     rows = U.label_samples([(float(t), [0.0]) for t in range(110)], intervals, 3.0)
     samples = [(r["t"], [level[r["phase"]]]) for r in rows]
     return text, samples, marks
@@ -190,7 +189,7 @@ def synthetic_samples_and_marks():
 def test_measure_from_logs_on_the_fixture():
     text, samples, marks = synthetic_samples_and_marks()
     case = U.CASES["doc_small"]
-    m = U.measure_from_logs(text, samples, marks, case, wall_s=107.0, returncode=0)
+    m = U.measure_from_logs(verl_logs.parse_console_metrics(text), text, samples, marks, case, wall_s=107.0, returncode=0)
     assert m["steps_logged"] == 2 and m["baseline_used_gib"] == 2.0
     assert m["step_s"] == 32.0  # steps 2.. averaged
     assert m["rollout_samples_per_s"] == case.samples_per_step / 10.0
@@ -209,7 +208,7 @@ def saved_sweep(tmp_path: Path) -> Path:
     text, samples, marks = synthetic_samples_and_marks()
     for util in (0.4, 0.6):
         cfg = config(case="doc_small", gpu_memory_utilization=util)
-        measured = U.measure_from_logs(text, samples, marks, cfg.case_spec, wall_s=107.0, returncode=0)
+        measured = U.measure_from_logs(verl_logs.parse_console_metrics(text), text, samples, marks, cfg.case_spec, wall_s=107.0, returncode=0)
         metrics = U.point_metrics(cfg, U.emulation_info(cfg), measured, "test fixture")
         write_json_atomic(tmp_path / f"doc_small-u{util}" / "metrics.json", metrics)
     return tmp_path
@@ -262,7 +261,7 @@ def test_unmeasured_point_has_planner_numbers_and_no_measurement():
 
 def test_a_real_oom_is_the_first_update_oom(tmp_path):
     cfg = config(case="qwen3_4b_48g", gpu_memory_utilization=0.5)
-    measured = U.measure_from_logs(sections()["update_oom"], [], [(0.0, "launch")], cfg.case_spec, 200.0, 1)
+    measured = U.measure_from_logs(verl_logs.parse_console_metrics(sections()["update_oom"]), sections()["update_oom"], [], [(0.0, "launch")], cfg.case_spec, 200.0, 1)
     assert measured["update_oom"] is True
     run = U.point_metrics(cfg, U.emulation_info(cfg), measured, "test fixture")
     assert U.first_update_oom([run])["qwen3_4b_48g"]["observed"] == 0.5
@@ -289,7 +288,7 @@ def test_run_on_cpu_validates_the_launch_and_measures_nothing(tmp_path):
     metrics = U.run(config(), out_dir=tmp_path)
     assert set(U.METRICS_KEYS) <= set(metrics)
     assert metrics["launched"] is False and metrics["measured"] is None
-    assert metrics["launch_reason"].startswith("no GPU: not measured")
+    assert metrics["launch_reason"].startswith("verl launch skipped: 0 CUDA GPU(s) visible")
     assert "actor_rollout_ref.rollout.disable_log_stats=False" in metrics["overrides"]
     assert f"actor_rollout_ref.rollout.gpu_memory_utilization={metrics['emulation']['gpu_memory_utilization']}" \
         in metrics["overrides"]  # launched unchanged: the emulated card gives it its meaning
@@ -300,9 +299,15 @@ def test_run_on_cpu_validates_the_launch_and_measures_nothing(tmp_path):
 
 REPLAY = r"""
 import json, os, sys, time
+from rlkit.verl_logs import parse_console_metrics
 lines = open(sys.argv[1]).read().splitlines()
+metrics = open(os.environ["VERL_FILE_LOGGER_PATH"], "w")  # as verl's FileLogger: one record per logged step
 for line in lines:
     print(line, flush=True)
+    for record in parse_console_metrics(line):
+        step = record.pop("step")
+        metrics.write(json.dumps({"step": step, "data": {**record, "replayed": True}}) + "\n")
+        metrics.flush()
     if "step:" in line:
         time.sleep(0.3)
 record_dir = os.environ["RLKIT_RECORD_DIR"]
@@ -317,11 +322,11 @@ def replay_instead_of_verl(tmp_path, monkeypatch, section: str, sleep_s: float =
     """The verl command becomes a child replaying a fixture section; the GPU reader a constant 2 GiB."""
     import sys
 
-    from rlkit import grpo, measure
+    from rlkit import measure
 
     log = tmp_path / "section.log"
     log.write_text(sections()[section])
-    monkeypatch.setattr(grpo, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), str(sleep_s),
+    monkeypatch.setattr(verl_job, "command", lambda overrides: [sys.executable, "-c", REPLAY, str(log), str(sleep_s),
                                                             str(exit_code)])
     monkeypatch.setattr(measure, "gpu_memory_reader", lambda: ((lambda: [2.0]), "constant"))
 
@@ -358,19 +363,15 @@ def test_launch_plumbing_timeout_raises(tmp_path, monkeypatch):
 
 
 def test_isolated_input_preparation_matches_in_process():
-    from rlkit import grpo
-
     recipe = U.build_recipe(config())
-    assert grpo.prepare_inputs_isolated(recipe) == grpo.prepare_inputs(recipe)
+    assert recipe_module.prepare_inputs_isolated(recipe) == recipe_module.prepare_inputs(recipe)
 
 
 def _replayed_recipe_launch(tmp_path, monkeypatch, section: str, exit_code: int, **changes):
     """rlkit.grpo.launch_verl with the verl job replaced by the fixture replay (plumbing only)."""
-    from rlkit import grpo
-
     replay_instead_of_verl(tmp_path, monkeypatch, section, exit_code=exit_code)
-    monkeypatch.setattr(grpo, "gpu_count", lambda: 1)
-    recipe = grpo.GRPORecipe(model="tiny", n_gpus=1, steps=2, timeout_s=30, **changes)
+    monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
+    recipe = recipe_module.GRPORecipe(model="tiny", n_gpus=1, steps=2, timeout_s=30, **changes)
     return grpo.launch_verl(recipe, ["x=1"], tmp_path)
 
 
@@ -381,8 +382,6 @@ def test_recipe_launch_records_the_expected_stock_failure(tmp_path, monkeypatch)
 
 
 def test_recipe_launch_returns_an_unexpected_oom_as_the_arms_result(tmp_path, monkeypatch):
-    from rlkit import grpo
-
     result = _replayed_recipe_launch(tmp_path, monkeypatch, "update_oom", exit_code=1)
     assert result["failure"]["kind"] == "torch_oom"
     metrics = {"launched": True, "recipe": {"steps": 2, "expect_failure": False}, "launch": result, "steps": []}
@@ -397,6 +396,8 @@ def test_recipe_launch_raises_on_a_crash_that_is_not_a_memory_failure(tmp_path, 
 def test_recipe_launch_success_reads_steps_and_records(tmp_path, monkeypatch):
     result = _replayed_recipe_launch(tmp_path, monkeypatch, "run_ok", exit_code=0)
     assert len(result["steps"]) >= 2 and result["failure"] is None and result["rank_identity"] == []
+    # the steps come from the file logger the launch pointed into the run folder, not from the console
+    assert result["metrics_source"] == "verl_metrics.jsonl" and all(s.get("replayed") for s in result["steps"])
     assert len(result["plugin_records"]) == 1
 
 
@@ -405,23 +406,21 @@ def test_session_members_finds_every_process_of_a_launched_session():
     import sys
     import time
 
-    from rlkit import grpo
-
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
                             start_new_session=True)
     try:
         deadline = time.time() + 10
-        while len(grpo.session_members(proc.pid)) < 2 and time.time() < deadline:
+        while len(verl_job.session_members(proc.pid)) < 2 and time.time() < deadline:
             time.sleep(0.1)
-        members = grpo.session_members(proc.pid)
+        members = verl_job.session_members(proc.pid)
         assert proc.pid in members and len(members) == 2
     finally:
-        grpo.stop_session(proc)
+        verl_job.stop_session(proc)
     deadline = time.time() + 10
-    while grpo.session_members(proc.pid) and time.time() < deadline:
+    while verl_job.session_members(proc.pid) and time.time() < deadline:
         time.sleep(0.1)
-    assert grpo.session_members(proc.pid) == []  # the grandchild went too
+    assert verl_job.session_members(proc.pid) == []  # the grandchild went too
 
 
 
@@ -430,13 +429,11 @@ def test_run_in_own_session_logs_every_line_and_stops_the_session_on_timeout(tmp
     import sys
     import time
 
-    from rlkit import grpo
-
     script = ("import subprocess, sys, time; "
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               "print(f'grandchild {child.pid}', flush=True); print('step:1 - a', flush=True); time.sleep(60)")
     seen = []
-    returncode, wall = grpo.run_in_own_session([sys.executable, "-c", script], env=None, cwd=tmp_path,
+    returncode, wall = verl_job.run_in_own_session([sys.executable, "-c", script], env=None, cwd=tmp_path,
                                                log_path=tmp_path / "verl.log", timeout_s=3, on_line=seen.append)
     assert returncode == "timeout" and 3 <= wall < 40
     assert seen[1:] == ["step:1 - a\n"] and (tmp_path / "verl.log").read_text() == "".join(seen)
@@ -547,9 +544,9 @@ def test_phases_are_split_by_holder_from_per_process_samples():
 def test_per_process_samples_are_cut_by_phase_and_kept_for_reanalysis(tmp_path):
     text, samples, marks = synthetic_samples_and_marks()
     # SYNTHETIC per-process samples (not a measurement): vLLM's worker holds 30 GiB while the trace says gen, else 2
-    phases = {r["t"]: r["phase"] for r in U.measure_from_logs(text, samples, marks, U.CASES["doc_small"], 107.0, 0)["timeline"]}
+    phases = {r["t"]: r["phase"] for r in U.measure_from_logs(verl_logs.parse_console_metrics(text), text, samples, marks, U.CASES["doc_small"], 107.0, 0)["timeline"]}
     held = [(t, [[11, 30.0 if phases[t] == "gen" else 2.0, "VLLM::Worker"], [22, 9.0, "ray::WorkerDict"]]) for t, _ in samples]
-    m = U.measure_from_logs(text, samples, marks, U.CASES["doc_small"], 107.0, 0, held)
+    m = U.measure_from_logs(verl_logs.parse_console_metrics(text), text, samples, marks, U.CASES["doc_small"], 107.0, 0, held)
     assert m["process_phase_peaks"]["gen"] == {"VLLM::Worker [11]": 30.0, "ray::WorkerDict [22]": 9.0}
     assert m["process_phase_peaks"]["update_actor"]["VLLM::Worker [11]"] == 2.0
     cfg = config(case="doc_small", gpu_memory_utilization=0.4)

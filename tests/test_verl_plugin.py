@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from rlkit.grpo import check_plugin_records, read_plugin_records
+from rlkit.verl_job import check_plugin_records, read_plugin_records
 
 PROBE = "import json, verl; from rlkit import patches; print('ACTIVE=' + json.dumps(patches.active()))"
 

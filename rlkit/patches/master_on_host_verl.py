@@ -19,7 +19,7 @@ Eval mode (the old-log-prob pass) and the weight sync (``get_per_tensor_param``)
 device unchanged. With ``cast_once`` the bf16 copy is cast once per step (a host-to-device transfer
 instead of one per micro-batch); without it, every unshard reads the master over PCIe (seed: +18.7 s).
 The optimizer must step host-resident parameters in place: ``actor.optim.optimizer=HostAdamW``
-(``rlkit.grpo.GRPORecipe`` refuses anything else).
+(``rlkit.recipe.GRPORecipe`` refuses anything else).
 """
 from __future__ import annotations
 

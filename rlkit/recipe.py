@@ -1,0 +1,315 @@
+"""The GRPO recipe: Qwen3-4B on DAPO-Math-17k with verl 0.9.1 and a colocated vLLM rollout, and the seed's arms.
+
+:class:`GRPORecipe` (a frozen dataclass, the fields of notebook 05's parameters cell) renders the
+exact Hydra overrides for ``python -m verl.trainer.main_ppo``. Defaults are the mission's run
+(seed 000, Setup and Step -1): batch 32 prompts x group 8, fully on-policy (one PPO mini-batch of
+all 256 sequences, ppo_epochs 1), FSDP1 with fsdp_size=1 on 2 GPUs, param (+ optimizer) offload, vLLM
+sleep mode (``free_cache_engine``), gpu_memory_utilization 0.85, rlkit patches switchable one by
+one, console and file logging. The node-needed knobs found on the offline H200 node (notes/gpu-node.md: sdpa
+attention, no remove-padding, Ray CPU count, small helper pools) are fields with those defaults.
+
+:data:`ARMS` are the seed's cumulative steps as recipe fields; :func:`prepare_inputs` writes the data and
+the random-init model a recipe names. Launching is :mod:`rlkit.verl_job`'s; the experiment that runs the
+arms is :mod:`rlkit.grpo`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rlkit import params as P
+from rlkit.verl_job import compose_verl_config
+
+NOTEBOOK = "05_grpo_qwen3_4b"
+
+
+@dataclass(frozen=True)
+class GRPORecipe:
+    """One GRPO run; every field is a parameter of notebook 05 (nbs/params/05_grpo_qwen3_4b.*.yaml)."""
+
+    model: str = "qwen3-4b"            # rlkit.models preset (random-init, written offline) or a hub id / local dir
+    model_seed: int = 0                # seed of the random-init weights and of the synthetic data
+    data: str = "synthetic"            # "synthetic", a local DAPO-Math-17k parquet, or its hub id
+    data_rows: int = 2048              # synthetic rows / cap on unique real rows (0 = all)
+    reward: Literal["auto", "synthetic_hash", "dapo_math"] = "auto"  # auto: hash reward for random weights
+    max_prompt_length: int = 256
+    max_response_length: int = 1024
+    train_batch_size: int = 32         # prompts per step
+    rollout_n: int = 8                 # group size
+    ppo_mini_batch_size: int = 32      # prompts per mini-batch; == train_batch_size is fully on-policy
+    ppo_epochs: int = 1
+    use_dynamic_bsz: bool = True
+    ppo_max_token_len_per_gpu: int = 24576
+    micro_batch_size_per_gpu: int = 4  # used when use_dynamic_bsz is false
+    lr: float = 1e-6
+    n_gpus: int = 2
+    fsdp_size: int = 1                 # 1: no sharding, DDP-like replicas (seed Step -1)
+    param_offload: bool = True
+    optimizer_offload: bool = True     # must be false with HostAdamW (its state lives on the host)
+    optimizer: Literal["AdamW", "HostAdamW"] = "AdamW"  # HostAdamW: rlkit.optim, the step on the CPU
+    host_pin_memory: bool = True       # HostAdamW: pinned, reused staging buffers (seed Step 4); false: pageable
+    host_rank0_owner: bool = False     # HostAdamW: rank 0 alone holds Adam state and broadcasts (seed Step 5)
+    gpu_memory_utilization: float = 0.85
+    free_cache_engine: bool = True     # vLLM sleep mode between rollouts
+    rollout_tp: int = 1
+    enforce_eager: bool = False        # true: no CUDA graphs in vLLM
+    patches: tuple[str, ...] = ()      # rlkit patches, applied in every verl process by the plugin
+    steps: int = 4
+    attn_implementation: str = "sdpa"  # the node has no flash-attn
+    use_remove_padding: bool = False   # remove-padding needs flash-attn
+    gradient_checkpointing: bool = True
+    ray_num_cpus: int = 64             # verl's default actor CPU reservations hang on small hosts
+    helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
+    extra_overrides: tuple[str, ...] = ()  # further verl Hydra overrides, appended last
+    planner_gpu_gib: float = 47.4      # device memory the planner checks against (A6000: 47.4, H200: 139.8)
+    emulate_gpu_gib: float = 0.0       # >0: every verl process sees a card of this size (rlkit.emulate_card); 0: off
+    check_rank_identity: bool = True   # after each optimizer step, record max |weights - rank 0's| (n_gpus > 1)
+    launch: Literal["auto", "always", "never"] = "auto"  # auto: launch verl when n_gpus CUDA GPUs exist
+    expect_failure: bool = False       # the stock arm: a memory failure of verl is the recorded result
+    verify_before_launch: bool = True  # false: skip the separate verl config check (~25 s) when launching
+    timeout_s: int = 3600
+
+    def __post_init__(self) -> None:
+        from rlkit.patches import KNOWN_PATCHES
+
+        def bad(key: str, why: str, fix: str) -> None:
+            raise P.ParamError(f"GRPORecipe.{key}: {why}. Fix: {fix}")
+
+        for key in ("train_batch_size", "rollout_n", "ppo_mini_batch_size", "ppo_epochs", "steps", "n_gpus",
+                    "max_prompt_length", "max_response_length", "rollout_tp", "helper_workers", "timeout_s"):
+            if getattr(self, key) < 1:
+                bad(key, f"{getattr(self, key)} is not positive", "use a value >= 1")
+        if self.train_batch_size % self.ppo_mini_batch_size:
+            bad("ppo_mini_batch_size", f"{self.ppo_mini_batch_size} does not divide train_batch_size "
+                f"{self.train_batch_size}", "use a divisor (equal to it for a fully on-policy run)")
+        if (self.train_batch_size * self.rollout_n) % self.n_gpus:
+            bad("n_gpus", f"{self.train_batch_size}x{self.rollout_n} sequences do not split over {self.n_gpus} GPUs",
+                "choose n_gpus dividing train_batch_size * rollout_n")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            bad("gpu_memory_utilization", f"{self.gpu_memory_utilization} is outside (0, 1]", "e.g. 0.85")
+        if self.fsdp_size != -1 and (self.fsdp_size < 1 or self.n_gpus % self.fsdp_size):
+            bad("fsdp_size", f"{self.fsdp_size} must be -1 or divide n_gpus={self.n_gpus}", "use 1 (no sharding)")
+        if self.n_gpus % self.rollout_tp:
+            bad("rollout_tp", f"{self.rollout_tp} does not divide n_gpus={self.n_gpus}", "use 1")
+        unknown = [p for p in self.patches if p not in KNOWN_PATCHES]
+        if unknown:
+            bad("patches", f"unknown {unknown}", f"choose from {list(KNOWN_PATCHES)}")
+        if len(set(self.patches)) != len(self.patches):
+            bad("patches", f"{list(self.patches)} repeats a name", "list each patch once")
+        if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):
+            bad("patches", "master_on_host keeps the fp32 master on the host through the update: it needs param_offload "
+                "(the masters it adopts) and HostAdamW (which steps them in place there)",
+                "set optimizer: HostAdamW, optimizer_offload: false and param_offload: true, or drop master_on_host")
+        if self.optimizer != "HostAdamW" and self.host_rank0_owner:
+            bad("host_rank0_owner", "is a HostAdamW option but optimizer is AdamW", "set optimizer: HostAdamW or "
+                "host_rank0_owner: false")
+        if self.emulate_gpu_gib < 0:
+            bad("emulate_gpu_gib", f"{self.emulate_gpu_gib} is negative", "0 (off) or a card size in GiB, e.g. 47.4")
+        if self.optimizer == "HostAdamW" and self.optimizer_offload:
+            bad("optimizer_offload", "HostAdamW keeps its state on the host; verl's optimizer offload would "
+                "ship it to the GPU every update", "set optimizer_offload: false")
+        if not self.planner_gpu_gib > 0:
+            bad("planner_gpu_gib", f"{self.planner_gpu_gib} is not positive", "the GPU's memory in GiB, e.g. 47.4")
+        if self.data_rows < 0:
+            bad("data_rows", f"{self.data_rows} is negative", "use 0 (all rows) or a positive cap")
+        if self.data == "synthetic" and self.data_rows < self.train_batch_size:
+            bad("data_rows", f"{self.data_rows} synthetic rows < train_batch_size {self.train_batch_size}",
+                "generate at least one batch of rows")
+
+    @property
+    def random_init(self) -> bool:
+        from rlkit.models import PRESETS
+
+        return self.model in PRESETS
+
+    @property
+    def resolved_reward(self) -> str:
+        if self.reward != "auto":
+            return self.reward
+        return "synthetic_hash" if self.random_init else "dapo_math"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a run's inputs live (the model directory and the parquet verl reads)."""
+
+    model: str
+    train_file: str
+
+
+def default_paths(recipe: GRPORecipe) -> Paths:
+    """The model directory and data file :func:`prepare_inputs` writes (no files touched)."""
+    from rlkit import data, offline_model
+
+    model = str(offline_model.default_dir(recipe.model, recipe.model_seed)) if recipe.random_init else recipe.model
+    if recipe.data == "synthetic":
+        train = data.GENERATED_DIR / f"synthetic-dapo-{recipe.data_rows}-seed{recipe.model_seed}.parquet"
+    else:
+        train = data.GENERATED_DIR / "dapo-math-17k.dedup.parquet"
+    return Paths(model=model, train_file=str(train))
+
+
+def _b(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _onpolicy_overrides(recipe: GRPORecipe, overrides: list[str]) -> list[str]:
+    """Extra overrides of the on-policy old-log-prob skip when that patch is chosen.
+
+    ``rlkit.onpolicy.onpolicy_overrides`` reads the composed verl config; it returns ``[]`` (and
+    prints why) when the run is not strictly on-policy, so verl then runs the pass unchanged.
+    """
+    if "skip_old_logprob" not in recipe.patches:
+        return []
+    from rlkit import onpolicy
+
+    return list(onpolicy.onpolicy_overrides(compose_verl_config(overrides)))
+
+
+def render_overrides(recipe: GRPORecipe, paths: Paths | None = None, out_dir: str | os.PathLike | None = None) -> list[str]:
+    """The exact Hydra overrides for ``python -m verl.trainer.main_ppo`` (verl 0.9.1)."""
+    from rlkit import reward
+
+    paths = paths or default_paths(recipe)
+    arr = "actor_rollout_ref"
+    optimizer_impl = "rlkit.optim" if recipe.optimizer == "HostAdamW" else "torch.optim"
+    out = [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={paths.train_file}",
+        f"data.val_files={paths.train_file}",
+        f"data.train_batch_size={recipe.train_batch_size}",
+        f"data.max_prompt_length={recipe.max_prompt_length}",
+        f"data.max_response_length={recipe.max_response_length}",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        f"data.seed={recipe.model_seed}",
+        f"{arr}.model.path={paths.model}",
+        f"{arr}.model.use_remove_padding={_b(recipe.use_remove_padding)}",
+        f"{arr}.model.enable_gradient_checkpointing={_b(recipe.gradient_checkpointing)}",
+        f"+{arr}.model.override_config.attn_implementation={recipe.attn_implementation}",
+        f"{arr}.actor.strategy=fsdp",
+        f"{arr}.actor.ppo_mini_batch_size={recipe.ppo_mini_batch_size}",
+        f"{arr}.actor.ppo_epochs={recipe.ppo_epochs}",
+        f"{arr}.actor.use_dynamic_bsz={_b(recipe.use_dynamic_bsz)}",
+        f"{arr}.actor.ppo_max_token_len_per_gpu={recipe.ppo_max_token_len_per_gpu}",
+    ]
+    if not recipe.use_dynamic_bsz:
+        out += [
+            f"{arr}.actor.ppo_micro_batch_size_per_gpu={recipe.micro_batch_size_per_gpu}",
+            f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={recipe.micro_batch_size_per_gpu}",
+        ]
+    out += [
+        f"{arr}.actor.use_kl_loss=False",
+        f"{arr}.actor.entropy_coeff=0",
+        f"{arr}.actor.optim.lr={recipe.lr}",
+        f"{arr}.actor.optim.optimizer_impl={optimizer_impl}",
+        f"{arr}.actor.optim.optimizer={recipe.optimizer}",
+        *([f"{arr}.actor.optim.override_optimizer_config={{pin_memory:{_b(recipe.host_pin_memory).lower()},"
+           f"rank0_owner:{_b(recipe.host_rank0_owner).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
+        f"{arr}.actor.fsdp_config.fsdp_size={recipe.fsdp_size}",
+        f"{arr}.actor.fsdp_config.param_offload={_b(recipe.param_offload)}",
+        f"{arr}.actor.fsdp_config.optimizer_offload={_b(recipe.optimizer_offload)}",
+        f"{arr}.rollout.name=vllm",
+        f"{arr}.rollout.n={recipe.rollout_n}",
+        f"{arr}.rollout.tensor_model_parallel_size={recipe.rollout_tp}",
+        f"{arr}.rollout.gpu_memory_utilization={recipe.gpu_memory_utilization}",
+        f"{arr}.rollout.free_cache_engine={_b(recipe.free_cache_engine)}",
+        f"{arr}.rollout.enforce_eager={_b(recipe.enforce_eager)}",
+        f"{arr}.rollout.agent.num_workers={recipe.helper_workers}",
+        f"reward.num_workers={recipe.helper_workers}",
+        *reward.verl_overrides(recipe.resolved_reward),
+        f"trainer.n_gpus_per_node={recipe.n_gpus}",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={recipe.steps}",
+        "trainer.logger=[console,file]",  # file: one JSON record per step (rlkit.verl_logs.read_steps)
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.project_name=rlkit",
+        f"trainer.experiment_name={NOTEBOOK}",
+        f"trainer.default_local_dir={Path(out_dir) / 'checkpoints' if out_dir else 'checkpoints/rlkit'}",
+        f"ray_kwargs.ray_init.num_cpus={recipe.ray_num_cpus}",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        f"transfer_queue.backend.SimpleStorage.num_data_storage_units={recipe.helper_workers}",
+    ]
+    out += _onpolicy_overrides(recipe, out)
+    out += list(recipe.extra_overrides)
+    return out
+
+
+def prepare_inputs(recipe: GRPORecipe) -> tuple[Paths, dict, dict]:
+    """Write the data parquet and (for presets) the random-init model; returns paths and their info."""
+    from rlkit import data, offline_model
+
+    paths = default_paths(recipe)
+    data_info = data.prepare(recipe.data, rows=recipe.data_rows, seed=recipe.model_seed,
+                             out_dir=Path(paths.train_file).parent).as_dict()
+    if recipe.random_init:
+        model_info = offline_model.write_offline_model(recipe.model, paths.model, seed=recipe.model_seed)
+    else:
+        model_info = {"path": recipe.model, "preset": None}
+    return Paths(model=model_info["path"], train_file=data_info["path"]), data_info, model_info
+
+
+_PREPARE_CHILD = """
+import json, sys
+from rlkit import params, recipe as R
+recipe = params.build(R.GRPORecipe, json.loads(sys.argv[1]))
+paths, data_info, model_info = R.prepare_inputs(recipe)
+print(json.dumps([paths.model, paths.train_file, data_info, model_info], default=str))
+"""
+
+
+def prepare_inputs_isolated(recipe):
+    """:func:`prepare_inputs` in a child process: building a random-init model uses the GPU when
+    there is one, and this process (the sampler's, for the whole job) must hold no CUDA memory."""
+    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(P.as_dict(recipe))], check=False,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the inputs failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    model, train_file, data_info, model_info = json.loads(done.stdout.strip().splitlines()[-1])
+    return Paths(model=model, train_file=train_file), data_info, model_info
+
+
+# ----------------------------------------------------------------------------------------------
+# the seed's arc of arms (issue 9): cumulative, same seed and data; each is a set of recipe fields
+
+
+# Each arm is the previous one plus the seed's next step, so the arc stays cumulative by construction.
+# Steps 1-2: offload views + NO_SHARD fixes, the AdamW step on the host (pageable staging): first working run.
+_WORKING = {"patches": ["offload_views", "no_shard"], "optimizer": "HostAdamW", "optimizer_offload": False,
+            "host_pin_memory": False, "host_rank0_owner": False}
+# Step 3: no old_log_prob pass. Its entropy metric now comes from the update forward; metric_entropy keeps
+# it out of the backward (verl backpropagates 0 x entropy; that recompute ran out of the 47.4 GiB card).
+_SKIP = {**_WORKING, "patches": [*_WORKING["patches"], "skip_old_logprob", "metric_entropy"]}
+_PINNED = {**_SKIP, "host_pin_memory": True}  # Step 4: pinned, reused staging buffers
+_RANK0 = {**_PINNED, "host_rank0_owner": True}  # Step 5: rank 0 owns the optimizer, broadcasts the fp32 master
+ARMS: dict[str, dict[str, Any]] = {
+    # Step 0: verl 0.9.1 as shipped; on a 48 GB card vLLM refuses to start (the offload freed nothing).
+    "0-stock": {"patches": [], "optimizer": "AdamW", "optimizer_offload": True, "host_pin_memory": True,
+                "host_rank0_owner": False, "expect_failure": True},
+    "1-fixes-hostadamw": _WORKING,
+    "2-skip-old-logprob": _SKIP,
+    "3-pinned": _PINNED,
+    "4-rank0-owner": _RANK0,
+    # Step 6: the fp32 master stays on the host through the update, its bf16 copy cast once per step.
+    "5-master-on-host-cast-once": {**_RANK0, "patches": [*_RANK0["patches"], "master_on_host", "cast_once"]},
+}
+
+
+def arm_values(name: str) -> dict[str, Any]:
+    if name not in ARMS:
+        raise P.ParamError(f"unknown arm {name!r}. Fix: choose from {list(ARMS)}")
+    return dict(ARMS[name])
+
+
+def arm_name(recipe: dict[str, Any]) -> str:
+    """A run's arm label from what the arms vary: patches and optimizer."""
+    parts = list(recipe.get("patches", [])) + (["HostAdamW"] if recipe.get("optimizer") == "HostAdamW" else [])
+    return "+".join(parts) or "stock"

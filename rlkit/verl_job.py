@@ -1,0 +1,385 @@
+"""One verl job: its environment, verl's own config check, the launch, and what its processes recorded.
+
+rlkit launches ``python -m verl.trainer.main_ppo`` with the rendered Hydra overrides (:mod:`rlkit.recipe`),
+the rlkit plugin named in the environment (every verl process applies the run's patches and writes a record),
+verl's file logger pointed into the run folder, and the job in a process session of its own so that Ray's
+daemons and vLLM's workers go with it. :func:`launch_job` is the one launch every experiment uses; callers
+add what they measure beside it through ``on_line`` and by starting their samplers around the call.
+
+Command line (used by :func:`verify_subprocess`): ``python -m rlkit.verl_job verify --overrides F --result F``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlkit import verl_logs
+from rlkit.env import REPO_ROOT
+
+PLUGIN_MODULE = "rlkit.verl_plugin"
+
+
+# The offline node's environment (notes/gpu-node.md); Ray actors inherit it from the driver.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "WANDB_MODE": "disabled",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def command(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def launch_env(recipe, record_dir: str | os.PathLike, base: dict | None = None) -> dict[str, str]:
+    """Environment of the verl driver (Ray workers inherit it) for ``recipe`` (a :class:`rlkit.recipe.GRPORecipe`).
+
+    The plugin is named in ``VERL_USE_EXTERNAL_MODULES`` as well as through the entry point, so it
+    also loads where rlkit is on PYTHONPATH but not pip-installed (the offline node).
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(OFFLINE_ENV)
+    modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+    env["VERL_USE_EXTERNAL_MODULES"] = ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))
+    # vLLM reports its KV cache, concurrency and CUDA-graph memory at INFO; verl's runtime env sets WARN
+    # unless the launching environment sets the level (found in the first 2 x H200 run: no KV lines).
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    env["RLKIT_PATCHES"] = ",".join(recipe.patches)
+    env["RLKIT_RECORD_DIR"] = str(record_dir)
+    env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
+    env["RLKIT_CHECK_RANK_IDENTITY"] = "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def shell_command(recipe, overrides: list[str]) -> str:
+    """The launch as one copy-pasteable shell line (env vars the recipe sets + the command)."""
+    env = {"RLKIT_PATCHES": ",".join(recipe.patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
+    if recipe.emulate_gpu_gib:
+        env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}"
+    env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return " \\\n  ".join([env_part, "python -m verl.trainer.main_ppo", *(shlex.quote(o) for o in overrides)])
+
+
+# ----------------------------------------------------------------------------------------------
+# verl's own config: Hydra composition (no verl import) and validation (in a verl subprocess)
+
+
+def verl_config_dir() -> Path:
+    """verl's ``trainer/config`` directory, found without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("verl is not installed; install rlkit[verl] (verl 0.9.1)")
+    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+def compose_verl_config(overrides: list[str]):
+    """Compose verl's ``ppo_trainer`` config with ``overrides`` (raises on unknown keys)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
+    """Inside a process that imported verl: compose + verl's validate_config + config dataclasses."""
+    import verl  # noqa: F401 - loads the rlkit plugin through verl's entry points
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from rlkit import patches
+
+    config = compose_verl_config(overrides)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    checked = []
+    for section in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model",
+                    "algorithm"):
+        node = OmegaConf.select(config, section)
+        omega_conf_to_dataclass(node)
+        checked.append(section)
+    return {"validated_sections": checked, "active_patches": patches.active(),
+            "use_reference_policy": bool(need_reference_policy(config)), "use_critic": bool(need_critic(config))}
+
+
+def verify_subprocess(recipe, overrides: list[str], out_dir: Path, timeout: float = 600) -> dict:
+    """Run :func:`verify_in_verl` in a fresh process with the run's env; check the plugin records."""
+    record_dir = out_dir / "plugin_records_verify"
+    clear_plugin_records(record_dir)
+    (out_dir / "overrides.json").write_text(json.dumps(overrides, indent=1))
+    result_path = out_dir / "verify_result.json"
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "rlkit.verl_job", "verify", "--overrides", str(out_dir / "overrides.json"),
+           "--result", str(result_path)]
+    log_path = out_dir / "verify.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=launch_env(recipe, record_dir),
+                              timeout=timeout, cwd=REPO_ROOT)
+    if proc.returncode != 0 or not result_path.exists():
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"verl rejected the rendered config or the rlkit plugin failed "
+                           f"(exit {proc.returncode}); last lines of {log_path}:\n{tail}")
+    result = json.loads(result_path.read_text())
+    records = check_plugin_records(record_dir, recipe.patches)
+    result["plugin_records"] = records
+    if sorted(result["active_patches"]) != sorted(recipe.patches):  # active() lists them in registry order
+        raise RuntimeError(f"verl process has active patches {result['active_patches']}, recipe asked for "
+                           f"{list(recipe.patches)}")
+    return result
+
+
+def clear_plugin_records(record_dir: Path) -> None:
+    """Empty ``record_dir`` of the records a previous launch's processes wrote (the plugin's *.json, the
+    rank-identity checker's *.jsonl), creating it if needed."""
+    from rlkit.patches import rank_identity
+
+    record_dir.mkdir(parents=True, exist_ok=True)
+    for old in [*record_dir.glob("*.json"), *record_dir.glob(f"{rank_identity.RECORD_PREFIX}*.jsonl")]:
+        old.unlink()
+
+
+def read_plugin_records(record_dir: str | os.PathLike) -> list[dict]:
+    """All per-process records the rlkit verl plugin wrote into ``record_dir``."""
+    path = Path(record_dir)
+    return [json.loads(p.read_text()) for p in sorted(path.glob("*.json"))] if path.exists() else []
+
+
+def check_plugin_records(record_dir: str | os.PathLike, expected, *, require_worker: bool = False) -> list[dict]:
+    """Every recorded verl process applied exactly ``expected``; raise naming each offender otherwise.
+
+    ``require_worker``: after a real launch at least one Ray worker must have recorded (the actors
+    import verl, so a missing worker record means the plugin never loaded there).
+    """
+    records = read_plugin_records(record_dir)
+    expected = list(expected)
+    problems = []
+    if not records:
+        problems.append(f"no plugin records in {record_dir}: the rlkit plugin never loaded in a verl process")
+    for r in records:
+        if r.get("error"):
+            problems.append(f"pid {r['pid']} ({r['role']}): {r['error']}")
+        elif r.get("applied") != expected:
+            problems.append(f"pid {r['pid']} ({r['role']}) applied {r.get('applied')}, the run asked for {expected}")
+    if require_worker and records and not any(r.get("role") == "ray_worker" for r in records):
+        problems.append("no Ray worker recorded: the plugin did not load in the worker processes")
+    if problems:
+        raise RuntimeError("rlkit plugin check failed:\n  " + "\n  ".join(problems))
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# before the launch: pre-flight findings, whether to launch
+
+
+def preflight_findings(recipe, overrides: list[str]) -> dict[str, Any]:
+    """``rlkit.preflight.check_overrides`` on the rendered overrides of ``recipe``.
+
+    The preflight runs the phase-budget planner (rlkit.budget) for ``planner_gpu_gib``; its finding
+    (check ``planner``) is the planner's verdict, reported separately.
+    """
+    from rlkit import preflight
+
+    findings = [_plain(f) for f in preflight.check_overrides(overrides, active_patches=list(recipe.patches),
+                                                             gpu_gib=recipe.planner_gpu_gib)]
+    return {"available": True, "findings": [f for f in findings if f.get("check") != "planner"],
+            "planner": [f for f in findings if f.get("check") == "planner"],
+            "errors": sum(f.get("severity") == "error" for f in findings)}
+
+
+def format_findings(findings: list[dict[str, Any]]) -> str:
+    """Findings as text lines: SEVERITY key: message / fix."""
+    if not findings:
+        return "no findings"
+    return "\n".join(f"{f.get('severity', '').upper():8}{f.get('key')}: {f.get('message')}\n{'':8}fix: {f.get('fix')}"
+                     for f in findings)
+
+
+def _plain(obj):
+    """JSON-able form of a finding/verdict object (dataclass, mapping or anything with str())."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def gpu_count() -> int:
+    """CUDA devices visible (no CUDA context is created)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launch_decision(mode: str, n_gpus: int, how_to_run: str) -> tuple[bool, str]:
+    """Whether to launch verl (``mode``: auto, always or never) for a job needing ``n_gpus`` CUDA GPUs, and
+    why; ``how_to_run`` tells a reader without them where to run it."""
+    have = gpu_count()
+    if mode == "never":
+        return False, "launch: never (set launch: auto or always to run verl)"
+    if mode == "always":
+        return True, f"launch: always ({have} CUDA GPU(s) visible)"
+    if have >= n_gpus:
+        return True, f"{have} CUDA GPU(s) visible, the job needs {n_gpus}"
+    return False, (f"verl launch skipped: {have} CUDA GPU(s) visible, the job needs n_gpus={n_gpus}. "
+                   f"Everything before the launch ran for real; {how_to_run}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the launch
+
+
+def session_members(sid: int) -> list[int]:
+    """PIDs of the processes in session ``sid`` (Linux /proc; [] elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:  # after the command name: state, ppid, pgrp, session
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_session(proc: subprocess.Popen) -> None:
+    """Stop verl and everything it started in its session (Ray's daemons and workers, vLLM workers): the
+    next launch must find the GPUs idle. SIGTERM to the group first, then SIGKILL to whatever is left."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    for pid in session_members(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+def run_in_own_session(argv: list[str], *, env: dict[str, str] | None, cwd: Path, log_path: Path, timeout_s: float,
+                       on_line=None) -> tuple[int | str, float]:
+    """Run ``argv`` (verl's trainer) in a process session of its own with its console written straight to
+    ``log_path`` (``on_line`` gets each line as it lands there), and stop the whole session afterwards: on a
+    timeout, and after a clean exit too, since Ray's daemons and vLLM workers must not hold the GPUs into the
+    next launch. Returns the exit code (``"timeout"`` when ``timeout_s`` ran out) and the wall seconds."""
+    import threading
+
+    start = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    follower = None
+    if on_line is not None:
+        follower = threading.Thread(target=_follow, args=(log_path, proc, on_line), daemon=True)
+        follower.start()
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        returncode = "timeout"
+    finally:
+        stop_session(proc)
+    if follower is not None:
+        follower.join()
+    return returncode, time.time() - start
+
+
+def _follow(path: Path, proc: subprocess.Popen, on_line, poll_s: float = 0.2) -> None:
+    """Hand every complete line of the growing file ``path`` to ``on_line`` until ``proc`` has exited and
+    the file is read to its end."""
+    pending = ""
+    with open(path, errors="replace") as f:
+        while True:
+            exited = proc.poll() is not None
+            chunk = f.read()
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                on_line(line + "\n")
+            if exited and not chunk:
+                if pending:
+                    on_line(pending)
+                return
+            if not chunk:
+                time.sleep(poll_s)
+
+
+def read_run_files(run_dir: Path, record_dir: Path) -> dict[str, Any]:
+    """What a verl run left in ``run_dir``, read back: per-step metrics (:func:`rlkit.verl_logs.read_steps`),
+    the first memory failure in its console log, and the rank-identity rows its processes recorded."""
+    from rlkit.patches import rank_identity
+
+    steps, source = verl_logs.read_steps(run_dir)
+    text = (run_dir / verl_logs.CONSOLE_LOG).read_text(errors="replace")
+    return {"steps": steps, "metrics_source": source, "failure": verl_logs.find_failure(text),
+            "rank_identity": rank_identity.read_records(record_dir)}
+
+
+def launch_job(recipe, overrides: list[str], out_dir: Path, *, extra_env: dict[str, str] | None = None,
+               on_line=None) -> dict[str, Any]:
+    """Run verl's trainer for ``recipe`` (a :class:`rlkit.recipe.GRPORecipe`) to its end in ``out_dir``: console
+    in ``verl.log`` (each line also to ``on_line``), per-step metrics in verl's file logger, every process's
+    plugin record. A memory failure (an OOM, vLLM refusing to start: how an arm fails on an emulated card) is a
+    result, in ``failure``; any other early end (a crash, fewer steps than asked, the time limit) raises."""
+    out_dir = Path(out_dir).resolve()
+    record_dir = out_dir / "plugin_records"
+    clear_plugin_records(record_dir)
+    metrics_file = out_dir / verl_logs.METRICS_FILE
+    metrics_file.unlink(missing_ok=True)
+    log_path = out_dir / verl_logs.CONSOLE_LOG
+    env = {**launch_env(recipe, record_dir), verl_logs.FILE_LOGGER_ENV: str(metrics_file), **(extra_env or {})}
+    returncode, wall = run_in_own_session(command(overrides), env=env, cwd=out_dir, log_path=log_path,
+                                          timeout_s=recipe.timeout_s, on_line=on_line)
+    result = {**read_run_files(out_dir, record_dir), "wall_s": wall, "returncode": returncode, "log_path": str(log_path)}
+    trained = len(verl_logs.training_steps(result["steps"]))
+    if result["failure"] is not None:
+        result["plugin_records"] = read_plugin_records(record_dir)
+        return result
+    if returncode != 0 or trained < recipe.steps:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"verl exited with {returncode} after {wall:.0f} s having logged {trained}/{recipe.steps} "
+                           f"steps and no memory failure; full log {log_path}; last lines:\n{tail}")
+    result["plugin_records"] = check_plugin_records(record_dir, recipe.patches, require_worker=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlkit.verl_job", description="verl's own check of rendered overrides")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("verify", help="compose and validate the overrides inside a process that imported verl")
+    p.add_argument("--overrides", required=True)
+    p.add_argument("--result", required=True)
+    ns = parser.parse_args(argv)
+    result = verify_in_verl(json.loads(Path(ns.overrides).read_text()))
+    Path(ns.result).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
