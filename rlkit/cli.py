@@ -8,7 +8,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("rlkit.run", "main", "execute notebooks with papermill from parameter files"),
     "doctor": ("rlkit.doctor", "main", "which torch/CUDA/vLLM/verl/Ray am I running, do they fit"),
-    "budget": ("rlkit.budget", "main", "phase-budget memory planner (GiB per phase)"),
+    "budget": ("rlkit.experiments.phase_budget", "main", "phase-budget memory planner (GiB per phase)"),
     "preflight": ("rlkit.preflight", "main", "lint a verl config for known traps before booking a GPU"),
     "grpo": ("rlkit.grpo", "main", "render / launch the Qwen3-4B GRPO recipe on verl"),
     "bundle": ("rlkit.bundle", "main", "build a wheelhouse for an offline GPU node"),

@@ -8,13 +8,14 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rlkit.jsonio import write_json_atomic
 
 GIB = 2**30
 
@@ -94,23 +95,6 @@ class PhaseTimer:
             }
             for name in self.seconds
         }
-
-
-def write_json_atomic(path: str | os.PathLike, payload: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _json_default(obj):
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 
 class MetricsRecorder:

@@ -141,10 +141,14 @@ def preset_config(name: str, **overrides: Any):
 
 def build_random_model(name: str, *, seed: int = 0, dtype=None, device=None, **overrides: Any):
     """A randomly initialised causal LM for preset ``name`` (deterministic per seed)."""
+    return random_model(preset_config(name, **overrides), seed=seed, dtype=dtype, device=device)
+
+
+def random_model(config, *, seed: int = 0, dtype=None, device=None):
+    """A randomly initialised causal LM of ``config`` (deterministic per seed)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = preset_config(name, **overrides)
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)

@@ -116,7 +116,7 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
     tokenizer = build_tokenizer(texts, config.vocab_size, config.bos_token_id, config.eos_token_id)
     torch_dtype = getattr(torch, dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = models.build_random_model(preset, seed=seed, dtype=torch_dtype, device=device)
+    model = models.random_model(config, seed=seed, dtype=torch_dtype, device=device)
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

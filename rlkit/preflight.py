@@ -472,13 +472,13 @@ def _update_entropy(c: VerlConfig, active_patches: Iterable[str]) -> str:
 
 def _planner_spec(c: VerlConfig, ctx: Context):
     """A budget.PlanSpec from the config, or a reason why the planner cannot run."""
-    from rlkit import budget
+    from rlkit import budget, model_shape
 
     model = c.get("actor_rollout_ref.model.path")
     if not model:
         return None, "actor_rollout_ref.model.path is not set"
     try:
-        budget.resolve_model(model)
+        model_shape.resolve_model(model)
     except ParamError:
         return None, f"model {model!r} matches no planner preset and no local config.json"
     if ctx.gpu_gib is None:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rlkit.env import REPO_ROOT, environment_report
-from rlkit.measure import write_json_atomic
+from rlkit.jsonio import write_json_atomic
 
 NBS_DIR = REPO_ROOT / "nbs"
 PARAMS_DIR = NBS_DIR / "params"

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlkit import budget as B
+from rlkit import model_shape as MS
+from rlkit.experiments import phase_budget as PB
 from rlkit.params import ParamError
 
 GIB = 2**30
@@ -34,12 +36,12 @@ SEED_DOC = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "003_bda75
 def run_cli(argv):
     out = io.StringIO()
     with redirect_stdout(out):
-        rc = B.main(argv)
+        rc = PB.main(argv)
     return rc, out.getvalue()
 
 
 def test_seed_table_reproduces_the_script_exactly():
-    assert B.format_seed_table() == SCRIPT_OUTPUT
+    assert PB.format_seed_table() == SCRIPT_OUTPUT
     rc, out = run_cli(["--seed-table"])
     assert rc == 0 and out.rstrip("\n") == SCRIPT_OUTPUT
 
@@ -50,11 +52,11 @@ def test_seed_table_equals_running_the_documents_script(tmp_path):
     script = re.search(r"#!/usr/bin/env python3\n.*?\{verdict\}\"\)\n", text, re.DOTALL).group(0)
     (tmp_path / "s.py").write_text(script)
     out = subprocess.run([sys.executable, str(tmp_path / "s.py")], capture_output=True, text=True, check=True).stdout
-    assert out.rstrip("\n") == B.format_seed_table()
+    assert out.rstrip("\n") == PB.format_seed_table()
 
 
 def test_seed_diff_finds_the_rows_where_the_printed_table_differs():
-    rows = B.seed_table_diff()
+    rows = PB.seed_table_diff()
     assert len(rows) == 9
     differing = {(r["case"], r["util"]): r for r in rows if r["differs"]}
     # 0.5b: printed max_seqs are 2 lower in all three rows; 7b at util 0.40: printed 395, script 394.
@@ -75,7 +77,7 @@ def test_seed_diff_finds_the_rows_where_the_printed_table_differs():
     ("qwen2.5-7b", 7_615_616_512),
 ])
 def test_parameter_count_from_shapes(name, count):
-    assert B.resolve_model(name).params == count
+    assert MS.resolve_model(name).params == count
 
 
 def test_parameter_count_matches_a_real_transformers_model():
@@ -83,7 +85,7 @@ def test_parameter_count_matches_a_real_transformers_model():
     from rlkit.models import build_random_model, count_parameters
 
     model = build_random_model("tiny", dtype=torch.float32)
-    assert B.resolve_model("tiny").params == count_parameters(model)
+    assert MS.resolve_model("tiny").params == count_parameters(model)
 
 
 TOY = {"model_type": "qwen3", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
@@ -92,17 +94,17 @@ TOY = {"model_type": "qwen3", "hidden_size": 8, "intermediate_size": 16, "num_hi
 
 
 def test_toy_shape_hand_counted():
-    s = B.shape_from_config(TOY)
+    s = MS.shape_from_config(TOY)
     # per layer: q 8*8 + k 8*4 + v 8*4 + o 8*8 = 192; mlp 3*8*16 = 384; norms 2*8 + q/k norm 2*4 = 24
     assert s.layer_params == 192 + 384 + 24 == 600
     assert s.root_params == 32 * 8 + 8 == 264  # tied: embedding once + final norm
     assert s.params == 2 * 600 + 264 == 1464
-    assert B.shape_from_config({**TOY, "tie_word_embeddings": False}).params == 1464 + 256
+    assert MS.shape_from_config({**TOY, "tie_word_embeddings": False}).params == 1464 + 256
     # Qwen2 adds q/k/v biases (8 + 4 + 4) and has no q/k norm (-8)
-    assert B.shape_from_config({**TOY, "model_type": "qwen2"}).layer_params == 600 + 16 - 8
+    assert MS.shape_from_config({**TOY, "model_type": "qwen2"}).layer_params == 600 + 16 - 8
     # LoRA rank 2 on 7 linears: 2 * ((8+8) + 2*(8+4) + (8+8) + 2*(8+16) + (16+8)) per layer
     assert s.lora_params(2) == 2 * 2 * (16 + 24 + 16 + 48 + 24)
-    assert B.kv_bytes_per_seq(s, 10) == 2 * 2 * 1 * 4 * 2 * 10
+    assert MS.kv_bytes_per_seq(s, 10) == 2 * 2 * 1 * 4 * 2 * 10
 
 
 def toy_spec(**kw):
@@ -114,7 +116,7 @@ def toy_spec(**kw):
 
 
 def test_toy_plan_hand_computed_bytes():
-    s = B.shape_from_config(TOY, "toy")
+    s = MS.shape_from_config(TOY, "toy")
     P = 1464
     spec = toy_spec(param_offload=True, optimizer_offload=True, offload_views=True)
     dev, host, d = B.phase_components(spec, s)
@@ -139,7 +141,7 @@ def test_toy_plan_hand_computed_bytes():
 
 
 def test_toy_plan_rlkit_options():
-    s = B.shape_from_config(TOY, "toy")
+    s = MS.shape_from_config(TOY, "toy")
     P, largest = 1464, 600
     spec = toy_spec(offload_views=True, cpu_optimizer_step=True, rank0_owner=True, master_on_host=True,
                     cast_once=True, skip_old_logprob=True)
@@ -157,7 +159,7 @@ def test_toy_plan_rlkit_options():
 
 
 def test_lora_only_adapters_get_grads_and_adam():
-    s = B.shape_from_config(TOY, "toy")
+    s = MS.shape_from_config(TOY, "toy")
     dev = B.phase_components(toy_spec(lora_rank=2, optimizer_offload=False, param_offload=False), s)[0]
     T = s.lora_params(2)
     assert dev["update_fwd_bwd"]["grads_fp32"] == 4 * T and dev["update_fwd_bwd"]["adam_moments"] == 8 * T
@@ -187,7 +189,7 @@ def test_kv_pool_and_concurrency():
                           non_torch_gib=0.0, offload_views=True))
     weights = 2 * 494_032_768 / GIB
     assert p.kv_pool_gib == pytest.approx(0.6 * 80 - weights - 3.0)
-    assert p.kv_gib_per_seq == pytest.approx(B.seed_kv_per_seq(24, 2, 64, 512))
+    assert p.kv_gib_per_seq == pytest.approx(PB.seed_kv_per_seq(24, 2, 64, 512))
     assert p.max_concurrent_seqs == int(p.kv_pool_gib / p.kv_gib_per_seq)
     assert p.seqs_per_gpu == 256 and p.rollout_waves == 1
 
@@ -214,18 +216,18 @@ def test_bad_spec_names_the_field(kw, field):
 
 def test_bad_model_inputs_name_the_field():
     with pytest.raises(ParamError, match="model"):
-        B.resolve_model("qwen9-1b")
+        MS.resolve_model("qwen9-1b")
     with pytest.raises(ParamError, match="num_hidden_layers"):
-        B.shape_from_config({k: v for k, v in TOY.items() if k != "num_hidden_layers"})
+        MS.shape_from_config({k: v for k, v in TOY.items() if k != "num_hidden_layers"})
     with pytest.raises(ParamError, match="model_type"):
-        B.shape_from_config({**TOY, "model_type": "gpt2"})
+        MS.shape_from_config({**TOY, "model_type": "gpt2"})
     with pytest.raises(ParamError, match="unknown rlkit option"):
         B.with_options(B.PlanSpec(), "cpu_step")
 
 
 def test_model_from_config_json_path(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TOY))
-    assert B.resolve_model(str(tmp_path)).params == 1464
+    assert MS.resolve_model(str(tmp_path)).params == 1464
 
 
 def test_cost_metric():
@@ -251,7 +253,8 @@ def test_cli_plan_json_and_exit_status():
 
 
 def test_budget_module_does_not_import_torch():
-    code = "import sys, rlkit.budget as b; b.plan(b.PlanSpec()); b.run(b.Config(**NB)); assert 'torch' not in sys.modules"
+    code = ("import sys, rlkit.budget as b, rlkit.experiments.phase_budget as pb; b.plan(b.PlanSpec()); "
+            "pb.run(pb.Config(**NB)); assert 'torch' not in sys.modules")
     nb = {"model": "qwen3-4b", "gpu_gib": 47.4, "n_gpus": 2, "gpu_memory_utilization": 0.85, "max_prompt_length": 2048,
               "max_response_length": 10240, "train_batch_size": 32, "group_size": 8, "micro_batch_tokens": 24576,
               "log_prob_micro_batch_tokens": 24576, "lora_rank": 0, "gradient_checkpointing": True, "param_offload": True,
@@ -266,18 +269,18 @@ def test_notebook_run_metrics():
     from rlkit.params import build
     from rlkit.results import PARAMS_DIR
 
-    values = yaml.safe_load((PARAMS_DIR / f"{B.NOTEBOOK}.tiny.yaml").read_text())
-    cfg = build(B.Config, values)
-    m = B.run(cfg)
+    values = yaml.safe_load((PARAMS_DIR / f"{PB.NOTEBOOK}.tiny.yaml").read_text())
+    cfg = build(PB.Config, values)
+    m = PB.run(cfg)
     assert set(m) >= {"units", "seed_table", "seed_diff", "plans", "ablations"}
     assert len(m["seed_table"]) == 9 and len(m["plans"]) == len(cfg.option_sets)
     with pytest.raises(ParamError, match="option"):
-        build(B.Config, {**values, "option_sets": ["cpu_step"]})
+        build(PB.Config, {**values, "option_sets": ["cpu_step"]})
 
 
 def test_update_entropy_recomputed_in_backward_costs_six_bytes_per_logit():
     base = B.PlanSpec(micro_batch_tokens=4096)
-    shape = B.resolve_model(base.model)
+    shape = MS.resolve_model(base.model)
     logits = {mode: B.plan(replace(base, update_entropy=mode)).device_gib["update_fwd_bwd"]["logits"]
               for mode in B.UPDATE_ENTROPY_BYTES}
     assert logits["detached"] == logits["none"]

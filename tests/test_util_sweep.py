@@ -10,7 +10,7 @@ from rlkit import budget, grpo, verl_job, verl_logs
 from rlkit import recipe as recipe_module
 from rlkit import params as P
 from rlkit.experiments import util_sweep as U
-from rlkit.measure import write_json_atomic
+from rlkit.jsonio import write_json_atomic
 from rlkit.results import NBS_DIR, load_profile, read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "util_sweep_logs.txt"

@@ -217,7 +217,7 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
     comparison, verdict, cost) is recomputed, and ``analysis`` records the commit that did it.
     """
     from rlkit.env import git_sha
-    from rlkit.measure import write_json_atomic
+    from rlkit.jsonio import write_json_atomic
     from rlkit.results import read_metrics
 
     path = Path(folder)
