@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlkit import preflight as PF
+from rlkit import verl_config as VC
 
 # A clean config: every trap below is off (vLLM, util in band, per-GPU keys, log stats on, eager, FSDP2).
 CLEAN = [
@@ -39,25 +40,25 @@ def test_clean_config_has_no_warnings_or_errors():
 
 
 def test_parse_overrides():
-    tree = PF.parse_overrides(["a.b=1", "+a.c=[x, y]", "++d='error'", "e.f=True", "a.g=null", "a.h=", "~a.b"])
+    tree = VC.parse_overrides(["a.b=1", "+a.c=[x, y]", "++d='error'", "e.f=True", "a.g=null", "a.h=", "~a.b"])
     assert tree == {"a": {"c": ["x", "y"], "g": None, "h": ""}, "d": "error", "e": {"f": True}}
-    with pytest.raises(PF.PreflightInputError, match="not KEY=VALUE"):
-        PF.parse_overrides(["a.b"])
-    with pytest.raises(PF.PreflightInputError, match="dotted"):
-        PF.parse_overrides(["a..b=1"])
-    with pytest.raises(PF.PreflightInputError, match="section"):
-        PF.parse_overrides(["a=1", "a.b=2"])
+    with pytest.raises(VC.PreflightInputError, match="not KEY=VALUE"):
+        VC.parse_overrides(["a.b"])
+    with pytest.raises(VC.PreflightInputError, match="dotted"):
+        VC.parse_overrides(["a..b=1"])
+    with pytest.raises(VC.PreflightInputError, match="section"):
+        VC.parse_overrides(["a=1", "a.b=2"])
 
 
 def test_overrides_from_command():
     text = ("# comment\nuv run --frozen --extra vllm \\\n  python3 -m verl.trainer.main_ppo \\\n"
             "  algorithm.adv_estimator=grpo \\\n  data.truncation='error' \\\n  trainer.logger=[console]\n")
-    assert PF.overrides_from_command(text) == [
+    assert VC.overrides_from_command(text) == [
         "algorithm.adv_estimator=grpo", "data.truncation=error", "trainer.logger=[console]"]
 
 
 def test_unknown_patch_is_an_error():
-    with pytest.raises(PF.PreflightInputError, match="patch"):
+    with pytest.raises(VC.PreflightInputError, match="patch"):
         findings(patches=["offload_view"])
 
 
@@ -216,7 +217,7 @@ def test_yaml_file_and_cli(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("defaults: [ppo_trainer]\nactor_rollout_ref:\n  rollout:\n    name: vllm\n"
                    "    max_num_batched_tokens: 2048\n")
-    tree = PF.load_config(cfg)
+    tree = VC.load_config(cfg)
     assert tree == {"actor_rollout_ref": {"rollout": {"name": "vllm", "max_num_batched_tokens": 2048}}}
     out = io.StringIO()
     with redirect_stdout(out):
@@ -244,14 +245,14 @@ def test_defaults_match_verl_generated_config():
     spec = importlib.util.find_spec("verl")
     path = Path(spec.origin).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     tree = yaml.safe_load(path.read_text())
-    for key, expected in PF.VERL_DEFAULTS.items():
+    for key, expected in VC.VERL_DEFAULTS.items():
         node = tree
         for part in key.split("."):
             node = node[part]
         if node == "???":  # mandatory in verl: no default
             node = None
         assert node == expected, f"{key}: verl has {node!r}, rlkit.preflight assumes {expected!r}"
-    for key, source in PF.FOLLOWS.items():
+    for key, source in VC.FOLLOWS.items():
         node = tree
         for part in key.split("."):
             node = node[part]
