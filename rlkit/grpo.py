@@ -27,7 +27,7 @@ from rlkit.verl_logs import PHASES, parse_console_metrics, summarize, training_s
 
 HOW_TO_RUN = "run the h200 profile on a GPU node (python -m rlkit.grpo launch --profile h200)"
 METRICS_KEYS = ("recipe", "reward", "data", "model", "overrides", "command", "preflight", "verify",
-                "launched", "launch_reason", "steps", "summary", "arms")  # launched runs add launch, outcome, sanity
+                "launched", "launch_reason", "steps", "summary", "arms")  # launched runs add launch, sanity, limits
 
 
 def _start_samplers() -> tuple[Any, Any]:
@@ -113,9 +113,14 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
     else:
         verify = verl_job.verify_subprocess(recipe, overrides, out)
     print(reason)
-    return recipe_metrics(recipe, data=data_info, model=model_info, overrides=overrides, preflight=preflight,
-                          verify=verify, launch_reason=reason,
-                          launch=launch_verl(recipe, overrides, out) if launched else None)
+    metrics = recipe_metrics(recipe, data=data_info, model=model_info, overrides=overrides, preflight=preflight,
+                             verify=verify, launch_reason=reason,
+                             launch=launch_verl(recipe, overrides, out) if launched else None)
+    if launched:
+        from rlkit.env import gpus
+
+        metrics["limits"] = phase_limits(metrics, next((g["name"] for g in gpus()), None))
+    return metrics
 
 
 def prepare(recipe: GRPORecipe):
@@ -271,6 +276,27 @@ def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
         out["ratio"] = out["planner_free_at_vllm_start_gib"] / failure["free_gib"]
         out["agrees"] = plan.verdict == "vLLM refuses to start" and abs(out["ratio"] - 1.0) <= 0.10
     return out
+
+
+def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any]:
+    """Each phase of a launched run's steps 2.. against its limit (:func:`rlkit.roofline.grpo_step_limits`), on the
+    GPU ``gpu_name`` it ran on (its env.json); the pinned copy rate is the node's committed bench
+    (:data:`rlkit.roofline.PINNED_BENCH`)."""
+    from rlkit import model_shape, roofline
+    from rlkit.results import read_metrics
+
+    summary = metrics.get("summary") or {}
+    window = [s for s in metrics.get("steps", []) if s.get("step") in summary.get("steps_averaged", [])]
+    if not window or not gpu_name:
+        return {}
+    bench = REPO_ROOT / roofline.PINNED_BENCH
+    pinned = read_metrics(bench.parent)["bench_copy"]["gbps"]["h2d_pinned"] if bench.exists() else None
+    recipe = metrics["recipe"]
+    shape = model_shape.resolve_model(recipe["model"]) if recipe["model"] in model_shape.presets() else \
+        model_shape.resolve_model(metrics["model"]["path"])
+    return {**roofline.grpo_step_limits(recipe, window, shape, gpu_name, pinned_gbps=pinned,
+                                        optimizer_step_s=summary.get("optimizer_step_s")),
+            "pinned_bench": roofline.PINNED_BENCH if pinned else None}
 
 
 def outcome(metrics: dict[str, Any]) -> str:

@@ -1,0 +1,181 @@
+"""Each phase of a GRPO step against the limit the hardware sets for it: FLOP/s, bandwidth, or a measured ceiling.
+
+Pure arithmetic from the model's shape (:mod:`rlkit.model_shape`) and the machine; no torch import.
+
+- **Compute phases** (``update_actor``, ``old_log_prob``): model FLOPs from the shape. Per token, the linear
+  layers cost 2 FLOPs per weight (q, k, v, o, gate, up, down of every layer and the lm_head; the embedding is
+  a lookup, not a matmul, so it is not counted, unlike verl's own estimate in verl/utils/flops_counter.py).
+  Causal attention costs 2 x L^2 x q_dim per layer for a sequence of L tokens (QK^T and AV, each half of the
+  L x L square). The backward pass costs twice the forward. *Model* FLOPs count the real tokens once
+  forward and once backward (MFU, the usual definition); *hardware* FLOPs add what the run also computes:
+  the forward recomputed by gradient checkpointing and, without remove-padding, the padding tokens.
+- **gen**: generated tokens/s against a standalone vLLM measurement of the same model, batch and lengths on
+  the same node (``outputs/_node/vllm_standalone/``); absent until one is committed.
+- **Host and PCIe phases** (the host optimizer step, the weight sync of an offloaded actor): bytes moved
+  against the node's measured pinned copy bandwidth (``outputs/02_host_adamw/h200``'s copy bench).
+- **Between phases**: the step time not inside any named phase.
+
+Peak dense bf16 tensor FLOP/s per GPU (no sparsity), from the vendors' data sheets:
+:data:`PEAK_BF16_FLOPS` names each source.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.model_shape import ModelShape
+
+# GPU name (as torch.cuda.get_device_name reports it, matched by substring, longest first) ->
+# (dense bf16 tensor FLOP/s, source). Data-sheet numbers "with sparsity" are twice these.
+PEAK_BF16_FLOPS: dict[str, tuple[float, str]] = {
+    "H200": (989.4e12, "NVIDIA H200 Tensor Core GPU data sheet: BF16 Tensor Core 1,979 TFLOPS with sparsity (SXM)"),
+    "H100 PCIe": (756.0e12, "NVIDIA H100 data sheet: BF16 Tensor Core 1,513 TFLOPS with sparsity (PCIe)"),
+    "H100": (989.4e12, "NVIDIA H100 data sheet: BF16 Tensor Core 1,979 TFLOPS with sparsity (SXM)"),
+    "A100": (312.0e12, "NVIDIA A100 data sheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)"),
+    "L40S": (362.05e12, "NVIDIA L40S data sheet: BF16 Tensor Core 733 TFLOPS with sparsity"),
+    "RTX A6000": (154.8e12, "NVIDIA RTX A6000 data sheet: Tensor performance 309.7 TFLOPS with sparsity (BF16)"),
+}
+
+
+def peak_bf16_flops(gpu_name: str) -> tuple[float, str] | None:
+    """The dense bf16 peak of ``gpu_name`` and its source; None for a GPU the table lacks."""
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if key in gpu_name:
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def linear_params(shape: ModelShape) -> int:
+    """Weights that multiply every token: the decoder layers' projections and the lm_head."""
+    h, q, kv = shape.hidden, shape.q_dim, shape.kv_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * shape.intermediate
+    return shape.layers * per_layer + shape.vocab * h
+
+
+def forward_flops(shape: ModelShape, seq_lens: Iterable[int]) -> dict[str, float]:
+    """Forward FLOPs of a micro-batch of sequences ``seq_lens`` (tokens each): linear layers and attention."""
+    lens = [int(n) for n in seq_lens]
+    linear = 2.0 * linear_params(shape) * sum(lens)
+    attention = 2.0 * shape.layers * shape.q_dim * sum(n * n for n in lens)
+    return {"linear": linear, "attention": attention, "total": linear + attention}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one GPU computes in one GRPO step: its sequences' real lengths, and the padded length each is
+    computed at (equal to the real one with remove-padding)."""
+
+    real_lens: tuple[int, ...]
+    padded_lens: tuple[int, ...]
+    gradient_checkpointing: bool
+
+
+def step_shape(recipe: Mapping[str, Any], step: Mapping[str, Any]) -> StepShape:
+    """A GPU's sequences in a step from verl's metrics: sequences per GPU = batch x group / GPUs, each of the
+    step's mean prompt + response length (verl logs means, not every length; the attention term is then a
+    lower bound by Jensen). Without remove-padding verl computes every sequence at max prompt + max response."""
+    per_gpu = recipe["train_batch_size"] * recipe["rollout_n"] // recipe["n_gpus"]
+    real = round(step["prompt_length/mean"] + step["response_length/mean"])
+    padded = real if recipe.get("use_remove_padding") else recipe["max_prompt_length"] + recipe["max_response_length"]
+    return StepShape((real,) * per_gpu, (padded,) * per_gpu, bool(recipe.get("gradient_checkpointing", True)))
+
+
+def compute_limits(shape: ModelShape, work: StepShape, peak_flops: float, update_s: float | None,
+                   log_prob_s: float | None) -> dict[str, dict[str, Any]]:
+    """update_actor and old_log_prob against the peak: model FLOPs (MFU), hardware FLOPs (with recompute and
+    padding) and the seconds the model FLOPs would take at the peak."""
+    real, padded = forward_flops(shape, work.real_lens)["total"], forward_flops(shape, work.padded_lens)["total"]
+    phases = {
+        "update_actor": (update_s, 3 * real, 3 * padded + (padded if work.gradient_checkpointing else 0.0)),
+        "old_log_prob": (log_prob_s, real, padded),
+    }
+    out = {}
+    for phase, (seconds, model, hardware) in phases.items():
+        entry = {"basis": "bf16 FLOP/s", "model_flops": model, "hardware_flops": hardware,
+                 "limit_s": model / peak_flops, "seconds": seconds, "fraction": None, "hardware_fraction": None}
+        if seconds:
+            entry["fraction"] = model / seconds / peak_flops
+            entry["hardware_fraction"] = hardware / seconds / peak_flops
+        out[phase] = entry
+    return out
+
+
+def bandwidth_limit(seconds: float | None, bytes_moved: float, bytes_per_s: float, what: str) -> dict[str, Any]:
+    """A phase that moves ``bytes_moved`` over a link of ``bytes_per_s``."""
+    return {"basis": what, "bytes": bytes_moved, "limit_s": bytes_moved / bytes_per_s, "seconds": seconds,
+            "fraction": (bytes_moved / bytes_per_s) / seconds if seconds else None}
+
+
+def throughput_limit(seconds: float | None, tokens: float, ceiling_tok_s: float | None, what: str) -> dict[str, Any]:
+    """A phase whose ceiling is a measured throughput (vLLM alone on the same node)."""
+    if not ceiling_tok_s:
+        return {"basis": what, "tokens": tokens, "limit_s": None, "seconds": seconds, "fraction": None}
+    return {"basis": what, "tokens": tokens, "limit_s": tokens / ceiling_tok_s, "seconds": seconds,
+            "fraction": (tokens / ceiling_tok_s) / seconds if seconds else None}
+
+
+def between_phases(step_s: float | None, phase_s: Iterable[float | None]) -> dict[str, Any]:
+    """The step time no named phase accounts for, and its share of the step."""
+    known = sum(s for s in phase_s if s)
+    rest = max(step_s - known, 0.0) if step_s else None
+    return {"basis": "step time minus the named phases", "seconds": rest, "limit_s": 0.0,
+            "share_of_step": rest / step_s if step_s else None}
+
+
+# ---------------------------------------------------------------------------------------------------
+# one GRPO run's steps 2.. against their limits
+
+GIB_BYTES = 2**30
+PINNED_BENCH = "outputs/02_host_adamw/h200/metrics.json"  # the node's pinned copy bench (bench_copy.gbps)
+HOST_STEP_BYTES_PER_PARAM = 8  # fp32 gradient device -> host, updated fp32 master host -> device
+WEIGHT_SYNC_BYTES_PER_PARAM = 2  # the bf16 weights vLLM receives, from the host when the actor is offloaded
+
+
+def _mean(steps: list[Mapping[str, Any]], key: str) -> float | None:
+    values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def grpo_step_limits(recipe: Mapping[str, Any], steps: list[Mapping[str, Any]], shape: ModelShape, gpu_name: str,
+                     *, pinned_gbps: float | None, vllm_tok_s: float | None = None,
+                     optimizer_step_s: float | None = None) -> dict[str, Any]:
+    """Every phase of a GRPO run's averaged steps (``steps``: verl's metrics of steps 2..) against its limit.
+
+    ``pinned_gbps``: the node's pinned host<->device copy rate (GB/s) for the host optimizer step and the weight
+    sync of an offloaded actor; ``vllm_tok_s``: standalone vLLM's output tokens/s at the run's batch and lengths
+    (None: not measured, the rollout's fraction is then absent); ``optimizer_step_s``: the host optimizer step's
+    seconds inside update_actor (rlkit's rank-identity records), for HostAdamW runs."""
+    if not steps:
+        return {}
+    peak = peak_bf16_flops(gpu_name)
+    mean = {k: _mean(steps, k) for k in ("prompt_length/mean", "response_length/mean")}
+    phase_s = {p: _mean(steps, f"timing_s/{p}") for p in ("gen", "old_log_prob", "update_actor", "update_weights")}
+    step_s = _mean(steps, "timing_s/step")
+    out: dict[str, Any] = {"gpu": gpu_name, "peak_bf16_flops": peak[0] if peak else None,
+                           "peak_source": peak[1] if peak else f"{gpu_name!r} is not in rlkit.roofline.PEAK_BF16_FLOPS",
+                           "model": shape.name, "phases": {}}
+    if peak and None not in mean.values():
+        work = step_shape(recipe, mean)
+        out["sequences_per_gpu"] = len(work.real_lens)
+        out["tokens_per_sequence"] = {"real": work.real_lens[0], "computed": work.padded_lens[0]}
+        out["phases"].update(compute_limits(shape, work, peak[0], phase_s["update_actor"], phase_s["old_log_prob"]))
+        if "skip_old_logprob" in recipe.get("patches", ()):  # on-policy: the pass only hands the rollout's log-probs on
+            out["phases"]["old_log_prob"] = {"basis": "skipped (on-policy): no forward pass to compare",
+                                             "seconds": phase_s["old_log_prob"], "limit_s": None, "fraction": None}
+    generated = recipe["train_batch_size"] * recipe["rollout_n"] / recipe["n_gpus"] * (mean["response_length/mean"] or 0)
+    out["phases"]["gen"] = throughput_limit(phase_s["gen"], generated, vllm_tok_s,
+                                            "standalone vLLM output tokens/s on this node" if vllm_tok_s else
+                                            "no standalone vLLM measurement committed for this shape")
+    if pinned_gbps:
+        rate = pinned_gbps * 1e9
+        if recipe.get("optimizer") == "HostAdamW":
+            out["phases"]["optimizer_step"] = bandwidth_limit(optimizer_step_s, HOST_STEP_BYTES_PER_PARAM * shape.params, rate,
+                                                              "pinned PCIe copies: fp32 grads D2H + fp32 master H2D")
+        if recipe.get("param_offload"):
+            out["phases"]["update_weights"] = bandwidth_limit(phase_s["update_weights"],
+                                                              WEIGHT_SYNC_BYTES_PER_PARAM * shape.params, rate,
+                                                              "pinned H2D of the bf16 weights (a lower bound)")
+    out["phases"]["between_phases"] = between_phases(step_s, [*phase_s.values(), _mean(steps, "timing_s/adv"),
+                                                              _mean(steps, "timing_s/reward"), _mean(steps, "timing_s/ref")])
+    return out
