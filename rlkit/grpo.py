@@ -280,21 +280,16 @@ def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
 
 def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any]:
     """Each phase of a launched run's steps 2.. against its limit (:func:`rlkit.roofline.grpo_step_limits`), on the
-    GPU ``gpu_name`` it ran on (its env.json); the pinned copy rate is the node's committed bench
-    (:data:`rlkit.roofline.PINNED_BENCH`)."""
+    GPU ``gpu_name`` it ran on (its env.json), with the node's committed pinned copy bench."""
     from rlkit import model_shape, roofline
-    from rlkit.results import read_metrics
 
     summary = metrics.get("summary") or {}
     window = [s for s in metrics.get("steps", []) if s.get("step") in summary.get("steps_averaged", [])]
     if not window or not gpu_name:
         return {}
-    bench = REPO_ROOT / roofline.PINNED_BENCH
-    pinned = read_metrics(bench.parent)["bench_copy"]["gbps"]["h2d_pinned"] if bench.exists() else None
-    recipe = metrics["recipe"]
-    shape = model_shape.resolve_model(recipe["model"]) if recipe["model"] in model_shape.presets() else \
-        model_shape.resolve_model(metrics["model"]["path"])
-    return {**roofline.grpo_step_limits(recipe, window, shape, gpu_name, pinned_gbps=pinned,
+    pinned = roofline.pinned_bench_gbps()
+    shape = model_shape.resolve_model(metrics["recipe"]["model"] if metrics["model"].get("preset") else metrics["model"]["path"])
+    return {**roofline.grpo_step_limits(metrics["recipe"], window, shape, gpu_name, pinned_gbps=pinned,
                                         optimizer_step_s=summary.get("optimizer_step_s")),
             "pinned_bench": roofline.PINNED_BENCH if pinned else None}
 

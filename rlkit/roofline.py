@@ -132,6 +132,17 @@ HOST_STEP_BYTES_PER_PARAM = 8  # fp32 gradient device -> host, updated fp32 mast
 WEIGHT_SYNC_BYTES_PER_PARAM = 2  # the bf16 weights vLLM receives, from the host when the actor is offloaded
 
 
+def pinned_bench_gbps() -> float | None:
+    """The node's pinned host->device copy rate in GB/s from the committed bench (:data:`PINNED_BENCH`); None
+    where this checkout lacks it."""
+    import json
+
+    from rlkit.env import REPO_ROOT
+
+    bench = REPO_ROOT / PINNED_BENCH
+    return json.loads(bench.read_text())["bench_copy"]["gbps"]["h2d_pinned"] if bench.exists() else None
+
+
 def _mean(steps: list[Mapping[str, Any]], key: str) -> float | None:
     values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
     return sum(values) / len(values) if values else None

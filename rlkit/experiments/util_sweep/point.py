@@ -2,6 +2,7 @@
 job's output, the planner beside it, and a saved point analysed again."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -143,9 +144,10 @@ def _wait_for_release(sampler, limit_s: float) -> float | None:
 
 
 def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, Any] | None,
-                  launch_reason: str) -> dict[str, Any]:
+                  launch_reason: str, gpu_name: str | None = None) -> dict[str, Any]:
     """The planner and measured side of one point: planner at this and every sweep value, the measurement
-    (None without a GPU), planner-vs-measured rows, the emulated-card verdict and the cost metric."""
+    (None without a GPU), planner-vs-measured rows, the emulated-card verdict, the cost metric, and each phase
+    against its limit on the GPU ``gpu_name`` it ran on (:func:`rlkit.roofline.grpo_step_limits`)."""
     case = cfg.case_spec
     plan = budget.plan(planner_spec(cfg)).as_dict()
     return {
@@ -161,12 +163,26 @@ def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, An
         "comparison": comparison_rows(plan, measured, case),
         "emulated_verdict": emulated_verdict(measured, case.emulated_total_gib, plan),
         "cost": cost_summary(measured, case, cfg.price_per_gpu_hour),
+        "limits": point_limits(cfg, measured, gpu_name),
     }
+
+
+def point_limits(cfg: Config, measured: dict[str, Any] | None, gpu_name: str | None) -> dict[str, Any]:
+    """The measured steps 2.. of a point against their limits (empty without a measurement or a GPU name)."""
+    from rlkit import model_shape, roofline
+
+    summary = (measured or {}).get("summary") or {}
+    window = [s for s in (measured or {}).get("steps", []) if s.get("step") in summary.get("steps_averaged", [])]
+    if not window or not gpu_name:
+        return {}
+    return roofline.grpo_step_limits(P.as_dict(build_recipe(cfg)), window, model_shape.resolve_model(cfg.case_spec.model),
+                                     gpu_name, pinned_gbps=roofline.pinned_bench_gbps())
 
 
 def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """One point of the sweep; returns ``metrics.json`` content (keys: :data:`METRICS_KEYS`)."""
     from rlkit import recipe as R
+    from rlkit.env import gpus
     from rlkit.results import notebook_out_dir
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
@@ -181,7 +197,7 @@ def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]
     print(reason)
     measured = launch_measured(recipe, overrides, out, cfg) if launched else None
     return {
-        **point_metrics(cfg, emulation, measured, reason),
+        **point_metrics(cfg, emulation, measured, reason, next((g["name"] for g in gpus()), None)),
         "recipe": P.as_dict(recipe),
         "data": data_info,
         "model": model_info,
@@ -241,7 +257,9 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
             measured[kept] = old[kept]
     history = list((metrics.get("analysis") or {}).get("history", []))
     history.append({"rlkit_sha": git_sha(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    metrics.update(point_metrics(cfg, metrics["emulation"], measured, metrics["launch_reason"]))
+    env = path / "env.json"
+    gpu_name = next((g["name"] for g in json.loads(env.read_text()).get("gpus", [])), None) if env.exists() else None
+    metrics.update(point_metrics(cfg, metrics["emulation"], measured, metrics["launch_reason"], gpu_name))
     metrics["analysis"] = {"source": "verl.log and the saved 1 Hz samples, analysed again", "history": history}
     write_json_atomic(path / "metrics.json", metrics)
     return metrics
@@ -249,7 +267,7 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
 
 METRICS_KEYS = ("units", "config", "case", "emulation", "recipe", "data", "model", "overrides", "command",
                 "preflight", "verify", "planner", "planner_sweep", "launched", "launch_reason", "measured",
-                "comparison", "emulated_verdict", "cost")
+                "comparison", "emulated_verdict", "cost", "limits")
 
 
 def main(argv: list[str] | None = None) -> int:
