@@ -2,7 +2,7 @@
 
 On a machine with PyPI access::
 
-    rlkit bundle build --have node-freeze.txt --out .bundle --split-mib 58 --compress
+    rlkit bundle build --have node-freeze.txt --out .bundle --split-mib 58 --compress [--with-notebooks]
 
 resolves vLLM + verl for the node's Python and platform, leaves out what the node already has (and
 the heavy optional wheels a dense model does not need), downloads the rest, packs them into one
@@ -38,6 +38,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DEFAULT_SPECS = ("vllm==0.24.0", "verl[vllm,verl-core]==0.9.1")
+# The optional notebook part (``build --with-notebooks``): what ``rlkit run`` needs to execute notebooks with
+# papermill on the node (pyproject's own pins), resolved together with the GPU stack so that one install holds both.
+NOTEBOOK_SPECS = ("papermill>=2.6", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29", "ipywidgets>=8",
+                  "plotly>=5.20", "pyyaml>=6")
 # Never carried when the node has any version: the node's CUDA build of torch and the libraries
 # built against it must stay (vLLM 0.24 matches the node's torch 2.11.0).
 KEEP_NODE_PREFIXES = ("torch", "torchvision", "torchaudio", "triton", "numpy", "numba", "llvmlite", "nvidia-", "cuda-")
@@ -339,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--python", default="3.12", help="the node's Python version")
     build.add_argument("--glibc-max", type=int, default=39, help="highest manylinux_2_N the node's glibc accepts")
     build.add_argument("--keep-optional", action="store_true", help="also carry the optional heavy wheels")
+    build.add_argument("--with-notebooks", action="store_true",
+                       help=f"also carry what `rlkit run` needs to execute notebooks: {' '.join(NOTEBOOK_SPECS)}")
     build.add_argument("--out", default=".bundle", help="output folder (keep it git-ignored)")
     build.add_argument("--split-mib", type=int, default=58, help="largest part in MiB")
     build.add_argument("--compress", action="store_true", help="xz-compress the archive")
@@ -367,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(ns.out)
             local = out / "local-wheels"
             build_local_wheels(local)
-            specs = ns.spec or list(DEFAULT_SPECS)
+            specs = [*(ns.spec or DEFAULT_SPECS), *(NOTEBOOK_SPECS if ns.with_notebooks else ())]
             resolved, requires = resolve(specs, ns.python, ns.glibc_max, local)
             plan = Plan(ns.python, [f"manylinux_2_{ns.glibc_max}_x86_64"], specs,
                         decide(resolved, have, () if ns.keep_optional else SKIPPABLE_DENSE,

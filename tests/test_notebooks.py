@@ -27,6 +27,60 @@ METRICS_KEYS: dict[str, set[str]] = {
 }
 
 
+def _claims_00(m):
+    assert len(m["seed_table"]) == 9 and all(p["verdict"] for p in m["plans"].values())
+    assert m["plans"]["none"]["verdict"] != "fits"  # stock verl does not fit; the patched sets are compared to it
+
+
+def _claims_01(m):
+    with_fix = m["grad_sync"]["with_fix"]
+    assert m["grad_sync"]["max_abs_grad_diff_with_fix"] == 0.0 < m["grad_sync"]["max_abs_grad_diff_without_fix"]
+    assert with_fix["grad_reduce_group_size"] == with_fix.get("ranks", m["grad_sync"]["ranks"])
+    assert all(r["logits_max_abs_diff_vs_unfixed"] == 0.0 for r in m["rows"])  # the fix changes no logits
+    for r in m["rows"]:
+        if r["memory_measured"] and r["fix"] and not r["use_orig_params"] and not r["forward_first"]:
+            assert r["after_offload_gib"] < 1e-3 and r["after_reload_gib"] <= r["after_wrap_gib"] * 1.01
+
+
+def _claims_02(m):
+    assert m["summary"]["parity_ok"] is True and all(m["summary"]["cross_rank_identical"].values())
+    assert {a["arm"]: a["status"] for a in m["arms"]}.get("host_pinned") == "ok"
+
+
+def _claims_03(m):
+    assert set(m["summary"]["status"].values()) == {"ok"}
+    assert m["summary"]["all_bit_exact_vs_A"] is True and m["summary"]["resident_copy_fresh"] is True  # on the CPU
+
+
+def _claims_04(m):
+    b = m["bit_exactness"]
+    assert b["served_vs_old_log_prob_max_abs_diff"] == 0.0 and b["loss_abs_diff"] == 0.0
+    assert b["is_weights_token_max_abs_diff"] == 0.0 and b["is_weights_sequence_max_abs_diff"] == 0.0
+    guard = [g["ok"] for g in m["guard"]]
+    assert guard[0] is True and not any(guard[1:])  # on-policy passes; every off-policy config falls back
+
+
+def _claims_05(m):
+    assert m["launched"] is False and m["preflight"]["available"] and m["preflight"]["errors"] == 0
+    assert "actor_rollout_ref.actor" in m["verify"]["validated_sections"]
+    assert sorted(m["verify"]["active_patches"]) == sorted(m["recipe"]["patches"])
+
+
+def _claims_06(m):
+    assert m["launched"] is False and m["measured"] is None
+    assert m["comparison"] and all(c["planner"] is not None and c["measured"] is None for c in m["comparison"])
+
+
+# What each notebook claims, checked on its tiny-profile run: status, parity 0.0 where the claim is bit-exactness.
+CLAIMS = {"00_phase_budget": _claims_00, "01_offload_bug": _claims_01, "02_host_adamw": _claims_02,
+          "03_cast_once": _claims_03, "04_skip_old_logprob": _claims_04, "05_grpo_qwen3_4b": _claims_05,
+          "06_util_sweep": _claims_06}
+
+
+def test_every_notebook_has_its_claims_checked():
+    assert set(CLAIMS) == set(IDS)
+
+
 def test_there_are_notebooks():
     assert NOTEBOOKS, "nbs/ holds no notebooks"
 
@@ -67,3 +121,4 @@ def test_notebook_runs_with_tiny_profile(path, tmp_path):
     metrics = json.loads(Path(result.folder, "metrics.json").read_text())
     missing = METRICS_KEYS.get(path.stem, set()) - set(metrics)
     assert not missing, f"metrics.json lacks {sorted(missing)}"
+    CLAIMS[path.stem](metrics)
