@@ -1,9 +1,11 @@
-# rlkit: the two entry points are `make demo` (run every notebook) and `make test` (the test suite).
-# Both set up .venv first. On a CPU machine torch==2.13.0 is the local CPU build; never let pip
-# resolve a bare `torch` there (that pulls a multi-GB CUDA build).
+# rlkit: the entry points are `make demo` (run every notebook), `make test` (the test suite) and `make lab`
+# (JupyterLab on nbs/). Each sets up .venv first. On a CPU machine torch==2.13.0 is the local CPU build;
+# never let pip resolve a bare `torch` there (that pulls a multi-GB CUDA build).
 #   make demo                      # every notebook with its tiny CPU profile
 #   make demo PROFILE=h200         # on a CUDA machine (set TORCH/EXTRAS, see README)
 #   make run NB=01_offload_bug P=h200 ARGS="-p steps=3"
+#   make lab                       # JupyterLab on nbs/ with the project's kernel (.venv)
+#   make lab LAB_ARGS="--no-browser --port 8890"   # on a remote machine
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -13,7 +15,7 @@ TORCH_PIP_ARGS ?=
 EXTRAS  ?= verl,dev
 BIN      = $(VENV)/bin
 
-.PHONY: setup demo test gpu-test run clean-check
+.PHONY: setup demo test lab gpu-test run clean-check
 
 setup: $(VENV)/.rlkit-installed
 
@@ -30,6 +32,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -m "not gpu" -q
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=nbs $(LAB_ARGS)
 
 gpu-test: setup
 	$(BIN)/python -m pytest -m gpu -q

@@ -1,6 +1,6 @@
 """``rlkit doctor``: which torch / CUDA / vLLM / verl / Ray / transformers am I running, and do they fit?
 
-The pins come from verl 0.9.1 and vLLM's own metadata (see the packaging notes in the README):
+The pins come from verl 0.9.1 and vLLM's own metadata (see the packaging notes in docs/offline-node.md):
 vLLM pins torch exactly, verl 0.9.1 needs transformers >=5.5.3,<5.11 (not 5.6.0) and Python <3.13,
 and transformers 5.9/5.10 refuse tokenizers newer than 0.23.0. Exit status 1 when the installed
 stack is inconsistent; a CPU machine without the GPU path is not an error, just reported.

@@ -68,21 +68,26 @@ def _coerce(name: str, value: Any, annotation: Any, owner: str) -> Any:
     return value
 
 
+def check_keys(given, known, required, *, where: str, owner: str, missing_fix: str) -> None:
+    """The one strict key check: every key of ``given`` is ``known`` and every ``required`` key is given.
+
+    Raises :class:`ParamError` naming the offending keys, the known ones and the fix.
+    """
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ParamError(f"unknown {where} {unknown} for {owner}; known keys: {list(known)}. "
+                         f"Fix: correct the spelling or remove the key.")
+    missing = [k for k in required if k not in given]
+    if missing:
+        raise ParamError(f"missing {where} {missing} for {owner}. Fix: {missing_fix} (known keys: {list(known)}).")
+
+
 def build(cls: type[T], values: Mapping[str, Any], *, where: str = "parameters") -> T:
     """Validate ``values`` into the frozen dataclass ``cls``.
 
     Raises :class:`ParamError` for unknown keys, missing required keys and wrongly typed values.
     """
-    known = field_names(cls)
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ParamError(
-            f"unknown {where} {unknown} for {cls.__name__}; known keys: {known}. "
-            f"Fix: correct the spelling or remove the key."
-        )
-    missing = [k for k in required_names(cls) if k not in values]
-    if missing:
-        raise ParamError(f"missing {where} {missing} for {cls.__name__}. Fix: set them (known keys: {known}).")
+    check_keys(values, field_names(cls), required_names(cls), where=where, owner=cls.__name__, missing_fix="set them")
     hints = typing.get_type_hints(cls)
     checked = {k: _coerce(k, v, hints.get(k, Any), cls.__name__) for k, v in values.items()}
     return cls(**checked)

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.params import ParamError, check_keys
 from rlkit.results import NBS_DIR, ProfileError, ResultsFolder, load_profile, parse_overrides
 
 # Parameters every notebook declares that a parameter file need not set.
 NOTEBOOK_ONLY = {"results_dir"}
 
 
-class RunError(ValueError):
+class RunError(ParamError):
     """A run cannot start: bad parameters, unknown notebook, bad grid."""
 
 
@@ -65,19 +66,11 @@ def declared_parameters(path: Path) -> dict[str, Any]:
 
 
 def check_parameters(path: Path, values: dict[str, Any], source: str) -> None:
+    """The parameters of a run against the notebook's ``parameters`` cell: none it does not declare, none it
+    declares left out (papermill itself only warns)."""
     declared = declared_parameters(path)
-    unknown = sorted(set(values) - set(declared))
-    if unknown:
-        raise RunError(
-            f"{path.stem}: unknown parameter(s) {unknown} (from {source}); the notebook declares "
-            f"{sorted(declared)}. Fix: correct the spelling or remove the key."
-        )
-    missing = sorted(set(declared) - set(values) - NOTEBOOK_ONLY)
-    if missing:
-        raise RunError(
-            f"{path.stem}: parameter(s) {missing} are not set by {source}. Fix: add them to the "
-            f"parameter file so every run states its inputs."
-        )
+    check_keys(values, sorted(declared), sorted(set(declared) - NOTEBOOK_ONLY), where=f"parameters (from {source})",
+               owner=f"notebook {path.stem}", missing_fix="add them to the parameter file so every run states its inputs")
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -94,23 +87,51 @@ def grid_tag(base: str, point: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", "-".join(parts))
 
 
+# What the kernel inherits besides RLKIT_OUT_DIR. debugpy (imported by ipykernel) prints four lines of
+# "Debugger warning: It seems that frozen modules are being used" at kernel start when the kernelspec lacks
+# -Xfrozen_modules=off (a kernelspec not made by `make setup`); only the debugger's breakpoints care.
+KERNEL_ENV = {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+
+
+def kernel_manager_class():
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's own, asked to encrypt
+    the kernel's sockets with CurveZMQ (``transport_encryption="auto"``: when pyzmq has CurveZMQ and the
+    kernelspec declares it, as ipykernel 7 does). Otherwise ipykernel prints "Kernel is running over TCP
+    without encryption ..." at every start, once per notebook; where encryption is unavailable that warning
+    still shows, as it should."""
+    import zmq
+    from jupyter_client import AsyncKernelManager
+    from traitlets import default
+
+    class RlkitKernelManager(AsyncKernelManager):
+        @default("transport_encryption")
+        def _default_transport_encryption(self) -> str:
+            return "auto" if zmq.has("curve") else "disabled"
+
+    return RlkitKernelManager
+
+
 def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str | os.PathLike, *,
             progress: bool, cell_timeout_s: float | None = None) -> None:
     """papermill-execute ``path`` into ``output`` with ``RLKIT_OUT_DIR`` (where the notebook writes
-    metrics.json and figures) set for the kernel, and restored afterwards. ``cell_timeout_s``: a cell (or
-    the kernel's reply to it) taking longer fails the run instead of waiting forever."""
+    metrics.json and figures) and :data:`KERNEL_ENV` set for the kernel, and restored afterwards.
+    ``cell_timeout_s``: a cell (or the kernel's reply to it) taking longer fails the run instead of waiting
+    forever."""
     import papermill
 
-    before = os.environ.get("RLKIT_OUT_DIR")
-    os.environ["RLKIT_OUT_DIR"] = str(out_dir)
+    env = {**{k: os.environ.get(k, v) for k, v in KERNEL_ENV.items()}, "RLKIT_OUT_DIR": str(out_dir)}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
-                                   cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s)
+                                   cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s,
+                                   kernel_manager_class=kernel_manager_class())
     finally:
-        if before is None:
-            os.environ.pop("RLKIT_OUT_DIR", None)
-        else:
-            os.environ["RLKIT_OUT_DIR"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = True,
@@ -216,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name a notebook or pass --all")
     try:
         planned = [run for name in names for run in plan_runs(name, ns.profile, ns.param, ns.grid, ns.tag)]
-    except (RunError, ProfileError) as err:
+    except (ParamError, ProfileError) as err:
         print(f"rlkit run: {err}", file=sys.stderr)
         return 2
     if ns.render:

@@ -76,3 +76,26 @@ def fresh_paths(root: str, *names: str):
         return tuple(os.path.join(folder, n) for n in names)
 
     return make
+
+
+def committed_runs(folder):
+    """The run folders under ``folder`` whose metrics.json git tracks (rlkit.results.committed_runs): the
+    committed results a test may read, never a local run such as the tiny/ folders ``make demo`` writes. Skips,
+    saying why, where git cannot tell them apart (a copy of the tree without .git)."""
+    from rlkit.results import NotACheckout
+    from rlkit.results import committed_runs as runs
+
+    try:
+        return runs(folder)
+    except NotACheckout as err:
+        pytest.skip(str(err))
+
+
+def committed_run(folder):
+    """``folder`` if git tracks its metrics.json, else skip the test saying so."""
+    from pathlib import Path
+
+    folder = Path(folder).resolve()
+    if folder not in committed_runs(folder.parent):
+        pytest.skip(f"{folder} is not a committed run (git tracks no metrics.json there)")
+    return folder

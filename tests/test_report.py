@@ -1,27 +1,77 @@
-"""The README's results block is generated from committed metrics and must match them."""
+"""The generated blocks of README.md and docs/*.md come from committed metrics and must match them."""
+import shutil
+import subprocess
+
+import pytest
+
 from rlkit import report
-from rlkit.env import REPO_ROOT
+from rlkit.results import OUTPUTS_DIR, NotACheckout
 
 
-def test_readme_results_match_committed_metrics():
-    readme = (REPO_ROOT / "README.md").read_text()
-    expected = report.replace_block(readme, report.results_block())
-    assert readme == expected, "README results are stale: run `python -m rlkit.report --write README.md`"
+def test_docs_match_committed_metrics():
+    try:
+        stale = report.stale()
+    except NotACheckout as err:
+        pytest.skip(str(err))
+    assert not stale, f"generated blocks of {stale} are stale: run `python -m rlkit.report --write`"
+
+
+def test_every_block_has_a_home_and_markers():
+    from rlkit.env import REPO_ROOT
+
+    assert sorted(n for blocks in report.DOCS.values() for n in blocks) == sorted(report.BLOCKS)
+    for doc, names in report.DOCS.items():
+        text = (REPO_ROOT / doc).read_text()
+        for name in names:
+            begin, end = report.markers(name)
+            assert text.count(begin) == 1 and text.count(end) == 1, (doc, name)
+    with pytest.raises(ValueError, match="expected one 'arc' block"):
+        report.replace_block("no markers here", "arc", "")
+
+
+def _git_repo(path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path / "outputs"
 
 
 def test_missing_results_are_said_not_invented(tmp_path):
-    block = report.results_block(root=tmp_path)
+    root = _git_repo(tmp_path)
+    block = report.results_block(root=root)
     assert block.count("no committed GPU results yet") == len(report.SECTIONS) + 2  # + the verl arms and the sweep
+    assert "no committed GPU results yet" in report.block("arc", root)
+    assert "no committed re-runs yet" in report.block("reruns", root)
 
+
+def test_only_results_git_tracks_are_read(tmp_path):
+    """A run folder on disk that git does not track (``make demo``'s tiny/, a scratch run) is not a result."""
+    root = _git_repo(tmp_path)
+    for tag in ("h200", "tiny"):
+        shutil.copytree(OUTPUTS_DIR / "01_offload_bug" / "h200", root / "01_offload_bug" / tag)
+    assert "*01_offload_bug: no committed GPU results yet.*" in report.results_block(root=root)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs/01_offload_bug/h200"], check=True)
+    block = report.results_block(root=root)
+    assert "**FSDP1 NO_SHARD offload**" in block and "01_offload_bug: no committed" not in block
+    from rlkit.results import committed_runs
+
+    assert [p.name for p in committed_runs(root / "01_offload_bug")] == ["h200"]
+
+
+def test_outside_a_checkout_the_report_says_so(tmp_path):
+    if subprocess.run(["git", "-C", str(tmp_path), "rev-parse"], capture_output=True, check=False).returncode == 0:
+        pytest.skip(f"{tmp_path} is inside a git work tree")
+    with pytest.raises(NotACheckout, match="not inside a git checkout"):
+        report.results_block(root=tmp_path / "outputs")
 
 
 def _arm(step_s, peak_gib, *, trained=True, response=256):
     """What arc_summary reads of an arm's metrics.json (outcome() reads launch and steps)."""
     import json
 
-    from rlkit.env import REPO_ROOT
+    from conftest import committed_run
 
-    m = json.loads((REPO_ROOT / "outputs/05_grpo_qwen3_4b/1-fixes-hostadamw/metrics.json").read_text())
+    m = json.loads((committed_run(OUTPUTS_DIR / "05_grpo_qwen3_4b/1-fixes-hostadamw") / "metrics.json").read_text())
     m["recipe"] = {**m["recipe"], "max_response_length": response}
     m["summary"] = {**m["summary"], "step_s": step_s, "actor_max_allocated_gib": peak_gib}
     if not trained:
@@ -30,7 +80,7 @@ def _arm(step_s, peak_gib, *, trained=True, response=256):
 
 
 def test_arc_summary_judges_the_full_arc_against_the_targets():
-    from rlkit.grpo import ARMS
+    from rlkit.recipe import ARMS
 
     later = list(ARMS)[list(ARMS).index(report.FIRST_WORKING_ARM) + 1:]
     base = {report.FIRST_WORKING_ARM: _arm(100.0, 40.0)}

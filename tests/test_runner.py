@@ -1,11 +1,13 @@
 """The papermill runner: strict keys, grids, complete-or-failed results folders."""
 import json
+import re
 
 import nbformat
 import pytest
 import yaml
 
 from rlkit import run as R
+from rlkit.params import ParamError
 
 PARAMS = 'x = 1  # an int\nlabel = "a"  # a string\nresults_dir = ""  # render saved results\n'
 BODY = (
@@ -33,7 +35,7 @@ def notebook(tmp_path):
 
 def test_unknown_parameter_is_rejected_with_the_declared_names(notebook):
     path, profile = notebook
-    with pytest.raises(R.RunError, match=r"unknown parameter\(s\) \['y'\].*declares \['label', 'results_dir', 'x'\]"):
+    with pytest.raises(ParamError, match=r"unknown parameters \(from .*\) \['y'\].*known keys: \['label', 'results_dir', 'x'\]"):
         R.plan_runs(str(path), str(profile), ["y=3"], [], None)
 
 
@@ -41,14 +43,14 @@ def test_parameter_file_must_set_every_declared_key(notebook, tmp_path):
     path, _ = notebook
     partial = tmp_path / "partial.yaml"
     partial.write_text(yaml.safe_dump({"x": 1}))
-    with pytest.raises(R.RunError, match=r"\['label'\] are not set"):
+    with pytest.raises(ParamError, match=r"missing parameters \(from .*\) \['label'\].*add them to the parameter file"):
         R.plan_runs(str(path), str(partial), [], [], None)
 
 
 def test_cli_reports_unknown_parameter_and_exits_2(notebook, capsys):
     path, profile = notebook
     assert R.main([str(path), "--profile", str(profile), "-p", "lable=c"]) == 2
-    assert "unknown parameter(s) ['lable']" in capsys.readouterr().err
+    assert "['lable'] for notebook" in capsys.readouterr().err
 
 
 def test_grid_expands_to_the_cartesian_product(notebook):
@@ -140,3 +142,36 @@ def test_render_takes_a_folder_of_run_folders(tmp_path):
     result = R.render(path, {"x": 1, "label": "a"}, sweep, progress=False)
     assert result.ok, result.error
     assert "runs 2" in nbformat.read(sweep / "executed.ipynb", as_version=4).cells[-1].outputs[0]["text"]
+
+
+# Lines the kernel's start-up and Jupyter's transport print when left alone (ipykernel's unencrypted-TCP warning,
+# debugpy's frozen-modules warning, nbclient's IOPub / heartbeat complaints, any logged WARNING).
+NOISE = ("WARNING", "without encryption", "frozen modules", "Debugger warning", "IOPub", "didn't respond",
+         "Warning:", "zmq")
+
+
+def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch, capfd):
+    """What a newcomer sees from `rlkit run` (and so from `make demo`): the runner's progress lines and its
+    summary. The kernel is a subprocess writing to the same terminal, so this reads the file descriptors."""
+    from rlkit import results
+
+    path, profile = notebook
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    noisy = [line for line in lines if any(word in line for word in NOISE)]
+    assert not noisy, f"console noise from the kernel or Jupyter: {noisy}"
+    ours = re.compile(r"^(\[1/1\] |notebook +tag +status|demo +demo\.tiny +ok |\s+\S*executed\.ipynb, |1 of 1 runs succeeded)")
+    assert all(ours.match(line) for line in lines), lines
+    assert "1 of 1 runs succeeded" in out
+
+
+def test_real_errors_stay_visible(notebook, tmp_path, monkeypatch, capfd):
+    from rlkit import results
+
+    path, profile = notebook
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    assert R.main([str(path), "--profile", str(profile), "--quiet", "-p", "x=-1"]) == 1
+    out, _ = capfd.readouterr()
+    assert "FAILED" in out and "x must be non-negative" in out
