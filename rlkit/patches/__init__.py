@@ -24,6 +24,8 @@ KNOWN_PATCHES: dict[str, str] = {
     "master_on_host": "rlkit.patches.master_on_host",
     "cast_once": "rlkit.patches.cast_once",
     "metric_entropy": "rlkit.patches.metric_entropy",
+    "chunked_logprobs": "rlkit.patches.chunked_logprobs",
+    "varlen_attention": "rlkit.patches.varlen_attention",
 }
 
 
