@@ -294,6 +294,20 @@ def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any
             "pinned_bench": roofline.PINNED_BENCH if pinned else None}
 
 
+def limits_row(name: str, limits: dict[str, Any]) -> dict[str, Any]:
+    """One arm's phases against their limits, flat: seconds and fraction of the limit per phase."""
+    phases = limits.get("phases") or {}
+    row = {"arm": name, "gpu": limits.get("gpu"), "tokens_real": (limits.get("tokens_per_sequence") or {}).get("real"),
+           "tokens_computed": (limits.get("tokens_per_sequence") or {}).get("computed")}
+    for phase in ("gen", "old_log_prob", "update_actor", "optimizer_step", "update_weights"):
+        entry = phases.get(phase) or {}
+        row[f"{phase}_s"], row[f"{phase}_fraction"] = entry.get("seconds"), entry.get("fraction")
+        row[f"{phase}_limit_s"] = entry.get("limit_s")
+    row["update_actor_hardware_fraction"] = (phases.get("update_actor") or {}).get("hardware_fraction")
+    row["between_phases_share"] = (phases.get("between_phases") or {}).get("share_of_step")
+    return row
+
+
 def outcome(metrics: dict[str, Any]) -> str:
     """What a run did, in a few words: trained, or how it failed."""
     if not metrics.get("launched"):

@@ -279,6 +279,40 @@ def reruns_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines
 
 
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
+
+
+def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Notebook 05's trained arms, each phase against its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
+    from rlkit.grpo import limits_row, outcome, phase_limits
+
+    arms, commits = committed_arms(root)
+    rows = []
+    for name, m in arms.items():
+        env = root / "05_grpo_qwen3_4b" / name / "env.json"
+        gpu = next((g["name"] for g in json.loads(env.read_text()).get("gpus", [])), None) if env.exists() else None
+        if outcome(m).startswith("trained"):
+            rows.append((name, limits_row(name, phase_limits(m, gpu))))
+    if not rows:
+        return ["*05_grpo_qwen3_4b: no trained arm committed yet.*"]
+    header = ("| arm | commit | tokens/seq (real / computed) | update_actor s | MFU | hardware FLOPs | host optimizer step s "
+              "(of PCIe) | update_weights s (of PCIe) | gen s | old_log_prob s (MFU) | between phases (of step) |")
+    lines = ["**Each phase against its limit** (notebook 05's trained arms; means over steps 2..; `rlkit.roofline`: model "
+             "FLOPs of the real tokens, fwd + bwd, against the GPU's dense bf16 peak (H200: 989 TFLOP/s, data sheet); "
+             "hardware FLOPs add the checkpoint recompute and the padding; the host optimizer step and the weight sync "
+             "against the node's pinned copy rate (`outputs/02_host_adamw/h200/metrics.json`); gen has no standalone "
+             "vLLM ceiling committed yet):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for name, r in rows:
+        lines.append(f"| {name} | {commits[name]} | {fmt(r['tokens_real'], 'd')} / {fmt(r['tokens_computed'], 'd')} | "
+                     f"{fmt(r['update_actor_s'])} | {_pct(r['update_actor_fraction'])} | "
+                     f"{_pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
+                     f"({_pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
+                     f"({_pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} | {fmt(r['old_log_prob_s'], '.2f')} "
+                     f"({_pct(r['old_log_prob_fraction'])}) | {_pct(r['between_phases_share'])} |")
+    return lines
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -293,8 +327,8 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
-BLOCKS = {"arc": arc_table, "results": results_section, "reruns": reruns_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results",), "docs/lab-notes.md": ("reruns",)}
+BLOCKS = {"arc": arc_table, "results": results_section, "limits": limits_section, "reruns": reruns_section}
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "limits"), "docs/lab-notes.md": ("reruns",)}
 
 
 def markers(name: str) -> tuple[str, str]:
