@@ -15,7 +15,7 @@ TORCH_PIP_ARGS ?=
 EXTRAS  ?= verl,dev
 BIN      = $(VENV)/bin
 
-.PHONY: setup demo test lab gpu-test run clean-check
+.PHONY: setup demo test lab gpu-test run clean-check browser-deps
 
 setup: $(VENV)/.rlkit-installed
 
@@ -44,3 +44,8 @@ run: setup
 
 clean-check: setup
 	$(BIN)/python -m pytest -q tests/test_notebooks.py -k stripped
+
+# Debian's chromium + chromedriver (root): the browser tier (tests/test_browser.py) and the PNGs kaleido draws
+# beside every plotly figure. Without them those tests skip, saying why, and figures stay interactive only.
+browser-deps:
+	bash scripts/ci_browser_setup.sh

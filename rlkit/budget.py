@@ -5,7 +5,9 @@ Pure arithmetic: this module never imports torch, CUDA or verl. All memory figur
 :func:`plan` derives every byte from a model config (a transformers ``config.json`` dict or a preset)
    and the run settings, for FSDP1 with ``NO_SHARD`` (each rank holds the whole model: verl's
    ``fsdp_size=1``, or one GPU), bf16 mixed precision and a colocated vLLM rollout. Its assumptions
-   are stated where each term is computed (see :func:`phase_components`).
+   are stated where each term is computed (see :func:`phase_components`). Two choices of verl change the
+   micro-batch terms most: the logits path (:data:`LOGITS_BYTES`: full logits, or log-probs from the hidden
+   states in chunks, :data:`CHUNKED_LOGITS`) and remove-padding (:func:`micro_batch_positions`).
 
 Also: the document's cost metric (:func:`cost_per_million_samples`). Source document 003's own table,
 notebook 00's option sets and the ``rlkit budget`` command line are :mod:`rlkit.experiments.phase_budget`.
@@ -60,8 +62,28 @@ RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_o
 #           conservative bound, the planner's default before it was checked against verl 0.9.1.
 # flash_ce: verl's path when flash-attn is installed: bf16 logits (2) + their bf16 gradient (2) in training,
 #           the bf16 logits alone in a forward-only pass; the fused cross-entropy keeps no fp32 copy.
+# The chunked paths (CHUNKED_LOGITS) never hold the micro-batch's logits: their bytes are per element of ONE chunk.
+# chunked_logprobs: rlkit's patch of that name (rlkit.patches.chunked_logprobs, under verl's use_fused_kernels):
+#           fp32 logits of the chunk (4) + one fp32 temporary (4, logsumexp's or exp's); 2 more when backward
+#           also differentiates the entropy.
+# verl_fused: verl 0.9.1's use_fused_kernels=True, torch backend (verl.utils.experimental.torch_functional.
+#           FusedLinearForPPOFunction, 512 rows): forward the fp32 logits, softmax and two temporaries (12);
+#           backward recomputes them beside a one-hot, (one-hot - p) and the fp32/bf16 logit gradients (24),
+#           4 more with an entropy gradient.
 LOGITS_BYTES = {"torch_rowwise": {"train": 8, "forward": 8}, "torch_fp32": {"train": 10, "forward": 10},
-                "flash_ce": {"train": 4, "forward": 2}}
+                "flash_ce": {"train": 4, "forward": 2},
+                "chunked_logprobs": {"train": 8, "forward": 8}, "verl_fused": {"train": 24, "forward": 12}}
+# Per chunked path: rows per chunk (rlkit.patches.chunked_logprobs.CHUNK_ROWS; verl's FusedLinearForPPO
+# chunk_size), extra bytes per chunk element when the entropy is backpropagated, and bytes per lm_head weight
+# element (vocab x hidden) the update's backward holds beside the chunk: chunked_logprobs sums the weight
+# gradient in fp32 (4); verl_fused sums it in the weight's bf16 (2) plus each chunk's bf16 partial (2).
+# Measured on one H200 (torch 2.11, bf16 hidden states and weight of Qwen3-4B's lm_head, 8192 and 16384 rows,
+# peak allocated above the inputs; tests/test_budget.py::test_chunked_logits_paths_match_the_measured_peak
+# re-measures it): chunked_logprobs at 4096-row chunks 4.64 GiB forward, 6.19 training, 7.29 with the entropy
+# gradient; verl_fused 0.87, 3.23, 3.52; each within 0.05 GiB of these bytes (+ the hidden states' gradient),
+# the same at both row counts.
+CHUNKED_LOGITS = {"chunked_logprobs": {"chunk_rows": 2048, "entropy_backprop": 2, "lm_head_grad": 4},
+                  "verl_fused": {"chunk_rows": 512, "entropy_backprop": 4, "lm_head_grad": 4}}
 # Extra bytes per logit element in the update when it computes the entropy (calculate_entropy, or
 # entropy_coeff != 0; the on-policy skip turns it on for the actor/entropy metric):
 # none:     no entropy in the update.
@@ -88,8 +110,8 @@ class PlanSpec:
     max_response_length: int = 10240
     train_batch_size: int = 32  # prompts per step
     group_size: int = 8  # responses per prompt (rollout.n)
-    micro_batch_tokens: int = 24576  # tokens per update micro-batch per GPU (ppo_max_token_len_per_gpu)
-    log_prob_micro_batch_tokens: int = 24576  # tokens per forward-only micro-batch per GPU
+    micro_batch_tokens: int = 24576  # actual tokens per update micro-batch per GPU (ppo_max_token_len_per_gpu)
+    log_prob_micro_batch_tokens: int = 24576  # actual tokens per forward-only micro-batch per GPU
     lora_rank: int = 0  # 0 = full fine-tune
     gradient_checkpointing: bool = True
     param_offload: bool = True  # verl fsdp_config.param_offload
@@ -97,7 +119,12 @@ class PlanSpec:
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
     non_torch_gib: float = 0.5  # per process on the card (vLLM's worker, the actor's): CUDA context, NCCL, workspaces
     logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
+    logits_chunk_rows: int = 0  # rows per chunk on a chunked logits path; 0 = the path's own (CHUNKED_LOGITS)
     update_entropy: str = "none"  # see UPDATE_ENTROPY_BYTES
+    # verl model.use_remove_padding: a micro-batch is packed into its actual tokens; False (the node without
+    # flash-attn, verl's default is True) pads every sequence to the micro-batch's longest (see micro_batch_positions)
+    remove_padding: bool = False
+    mean_response_tokens: float = 0  # expected response length (verl's response_length/mean); 0 = max_response_length
     host_gib: float = 0.0  # host memory per node; 0 = do not check
     # rlkit options
     offload_views: bool = False  # patch: param offload really frees the device copy (FSDP1 NO_SHARD)
@@ -128,6 +155,13 @@ class PlanSpec:
                 bad(key, f"must be >= 0 GiB, got {getattr(self, key)!r}", "set a non-negative size in GiB")
         if self.logits_path not in LOGITS_BYTES:
             bad("logits_path", f"{self.logits_path!r} is not one of {sorted(LOGITS_BYTES)}", "pick one of them")
+        if isinstance(self.logits_chunk_rows, bool) or not isinstance(self.logits_chunk_rows, int) or self.logits_chunk_rows < 0:
+            bad("logits_chunk_rows", f"must be an integer >= 0, got {self.logits_chunk_rows!r}", "0 for the path's own chunk")
+        if self.logits_chunk_rows and self.logits_path not in CHUNKED_LOGITS:
+            bad("logits_chunk_rows", f"{self.logits_path!r} does not work in chunks", f"0, or a path of {list(CHUNKED_LOGITS)}")
+        if not 0 <= self.mean_response_tokens <= self.max_response_length:
+            bad("mean_response_tokens", f"must be in [0, max_response_length={self.max_response_length}], got "
+                f"{self.mean_response_tokens!r}", "the expected response tokens, or 0 for max_response_length")
         if self.update_entropy not in UPDATE_ENTROPY_BYTES:
             bad("update_entropy", f"{self.update_entropy!r} is not one of {list(UPDATE_ENTROPY_BYTES)}", "pick one of them")
         if self.rank0_owner and not self.cpu_optimizer_step:
@@ -159,6 +193,45 @@ def _activation_elems_per_token_layer(s: ModelShape) -> int:
     return 4 * s.hidden + 3 * s.q_dim + 3 * s.kv_dim + 4 * s.intermediate
 
 
+def step_tokens_per_gpu(spec: PlanSpec) -> float:
+    """Actual (unpadded) tokens of one step per GPU: prompts at max_prompt_length, responses at their expected
+    length (:attr:`PlanSpec.mean_response_tokens`, or max_response_length)."""
+    response = spec.mean_response_tokens or spec.max_response_length
+    return spec.train_batch_size * spec.group_size * (spec.max_prompt_length + response) / spec.n_gpus
+
+
+def micro_batch_positions(spec: PlanSpec, tokens: int) -> float:
+    """Token positions the tensors of a micro-batch of ``tokens`` actual tokens hold (its activations and logits).
+
+    Actual tokens are ``tokens`` (verl's dynamic-bsz budget counts a sequence's own length), at most a step's
+    tokens per GPU. ``remove_padding``: verl packs them into one row, so that is all. Without it verl pads every
+    sequence to the micro-batch's longest (``prepare_model_inputs``: ``to_padded_tensor`` at ``max_seq_len``);
+    the planner takes the longest as a full sequence (max_prompt_length + max_response_length) and the others at
+    the expected length (prompts counted at max_prompt_length), i.e. actual x full / expected positions. With
+    every response at max_response_length (mean_response_tokens 0) both are the actual tokens.
+    """
+    actual = min(float(tokens), step_tokens_per_gpu(spec))
+    if spec.remove_padding:
+        return actual
+    response = spec.mean_response_tokens or spec.max_response_length
+    return actual * (spec.max_prompt_length + spec.max_response_length) / (spec.max_prompt_length + response)
+
+
+def logits_bytes(spec: PlanSpec, s: ModelShape, positions: float, *, train: bool) -> float:
+    """Bytes of the log-prob computation for a micro-batch of ``positions`` rows (update if ``train``, else a
+    forward-only pass): rows x vocabulary x :data:`LOGITS_BYTES`, or on a chunked path (:data:`CHUNKED_LOGITS`)
+    one chunk's rows instead, plus in the update the lm_head gradient's accumulator (not with LoRA: the
+    lm_head is frozen). The entropy: :data:`UPDATE_ENTROPY_BYTES`, per chunk element on a chunked path."""
+    per = LOGITS_BYTES[spec.logits_path]["train" if train else "forward"]
+    backprop = train and spec.update_entropy == "backprop"
+    chunked = CHUNKED_LOGITS.get(spec.logits_path)
+    if chunked is None:
+        return positions * s.vocab * (per + (UPDATE_ENTROPY_BYTES[spec.update_entropy] if train else 0))
+    rows = min(positions, spec.logits_chunk_rows or chunked["chunk_rows"])
+    weight = chunked["lm_head_grad"] * s.vocab * s.hidden if train and not spec.lora_rank else 0.0
+    return rows * s.vocab * (per + (chunked["entropy_backprop"] if backprop else 0)) + weight
+
+
 def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]], dict[str, Any]]:
     """Device and host bytes per phase and component for one rank (rank 0 for host), plus derived counts.
 
@@ -185,8 +258,12 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     * Activations: with gradient checkpointing every layer saves its bf16 input plus one layer's
       working set is live during recompute; without it every layer saves its full working set. A
       forward-only pass holds one layer's working set.
-    * Logits: micro-batch tokens x vocabulary x :data:`LOGITS_BYTES` (log-softmax included), plus
-      :data:`UPDATE_ENTROPY_BYTES` in the update when backward recomputes an entropy.
+    * Token positions per micro-batch (activations, logits): :func:`micro_batch_positions`, i.e. the actual
+      tokens with ``remove_padding``, padded to the longest sequence without it.
+    * Logits (:func:`logits_bytes`): positions x vocabulary x :data:`LOGITS_BYTES` (log-softmax included), plus
+      :data:`UPDATE_ENTROPY_BYTES` in the update when backward recomputes an entropy; on a chunked path
+      (log-probs from the hidden states, each chunk recomputed in backward) one chunk of rows instead of the
+      positions, and the lm_head gradient's accumulator in the update.
     * vLLM: weights bf16, KV pool = util x total - weights - CUDA graphs - non-torch overhead. Captured
       CUDA graphs cannot be offloaded and stay resident in every phase; vLLM's own profiling
       activations are not modelled. While sleeping, vLLM frees KV and discards weights (sleep level 2).
@@ -214,13 +291,12 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
 
     compute_copy = 2.0 * P if spec.cast_once else 2.0 * min(P, s.root_params + 2 * s.layer_params)
 
-    N, Nlp = spec.micro_batch_tokens, spec.log_prob_micro_batch_tokens
+    N, Nlp = micro_batch_positions(spec, spec.micro_batch_tokens), micro_batch_positions(spec, spec.log_prob_micro_batch_tokens)
     layer_work = _activation_elems_per_token_layer(s) * 2
     if spec.gradient_checkpointing:
         train_act = s.layers * N * s.hidden * 2 + N * layer_work
     else:
         train_act = s.layers * N * layer_work
-    logits_b = LOGITS_BYTES[spec.logits_path]
 
     vllm_weights = 2.0 * P + (2.0 * T if spec.lora_rank else 0.0)
     kv_pool = spec.gpu_memory_utilization * gpu - vllm_weights - graphs - non_torch
@@ -236,13 +312,13 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
             **actor_ctx,
             "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
             "compute_copy_bf16": compute_copy, "adam_moments": adam_dev_idle, "activations": Nlp * layer_work,
-            "logits": Nlp * s.vocab * logits_b["forward"], "staging": h2d_staging,
+            "logits": logits_bytes(spec, s, Nlp, train=False), "staging": h2d_staging,
         }
     device["update_fwd_bwd"] = {
         **actor_ctx,
         "cuda_graphs": graphs, "non_torch": non_torch, "master_fp32": master_dev, "stale_offload_copy": stale,
         "compute_copy_bf16": compute_copy, "grads_fp32": 4.0 * T, "adam_moments": adam_dev_idle, "activations": train_act,
-        "logits": N * s.vocab * (logits_b["train"] + UPDATE_ENTROPY_BYTES[spec.update_entropy]), "staging": h2d_staging,
+        "logits": logits_bytes(spec, s, N, train=True), "staging": h2d_staging,
     }
     device["optimizer_step"] = {
         **actor_ctx,
@@ -266,16 +342,28 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
             adam_host = 0.0  # loaded onto the device for the step
         host[phase] = {"master_fp32": master_host, "adam_moments": adam_host, "staging_pinned": pinned}
 
-    tokens_per_gpu = spec.train_batch_size * spec.group_size * (spec.max_prompt_length + spec.max_response_length) / spec.n_gpus
-    micro_batches = math.ceil(tokens_per_gpu / N)
+    micro_batches = math.ceil(step_tokens_per_gpu(spec) / spec.micro_batch_tokens)
     casts = s.flat_params * (1 if spec.cast_once else micro_batches)
     derived = {
         "params": P, "trainable_params": T, "largest_flat_param": largest, "flat_params": s.flat_params,
         "micro_batches_per_step": micro_batches, "bf16_casts_per_step": casts,
         "cast_read_gib": (casts / s.flat_params) * 4.0 * P / GIB,
-        "kv_pool_raw": kv_pool,
+        "kv_pool_raw": kv_pool, "update_positions": N, "log_prob_positions": Nlp,
     }
     return device, host, derived
+
+
+def update_logits_gib(spec: PlanSpec, paths: tuple[str, ...] | list[str] | None = None,
+                      shape: ModelShape | None = None) -> dict[str, float]:
+    """GiB of the update micro-batch's log-prob computation on each logits path (default: this spec's), the rest
+    of ``spec`` unchanged (a chunked path at its own chunk rows unless it is the spec's path)."""
+    s = shape or resolve_model(spec.model)
+    positions = micro_batch_positions(spec, spec.micro_batch_tokens)
+    out = {}
+    for path in paths or (spec.logits_path,):
+        rows = spec.logits_chunk_rows if path == spec.logits_path else 0
+        out[path] = logits_bytes(replace(spec, logits_path=path, logits_chunk_rows=rows), s, positions, train=True) / GIB
+    return out
 
 
 @dataclass
@@ -297,6 +385,8 @@ class Plan:
     seqs_per_gpu: int
     rollout_waves: int
     micro_batches_per_step: int
+    update_positions: float  # token positions of an update micro-batch's tensors (micro_batch_positions)
+    log_prob_positions: float
     bf16_casts_per_step: int
     cast_read_gib: float
     peak_phase: str
@@ -372,7 +462,8 @@ def plan(spec: PlanSpec, shape: ModelShape | None = None) -> Plan:
         device_gib=device_gib, device_total_gib=totals, host_rank0_gib=host_rank0, host_other_rank_gib=host_other,
         host_node_peak_gib=node_peak, kv_pool_gib=gib(kv_pool), kv_gib_per_seq=gib(per_seq),
         max_concurrent_seqs=max_seqs, seqs_per_gpu=seqs_per_gpu, rollout_waves=waves,
-        micro_batches_per_step=d["micro_batches_per_step"], bf16_casts_per_step=d["bf16_casts_per_step"],
+        micro_batches_per_step=d["micro_batches_per_step"], update_positions=d["update_positions"],
+        log_prob_positions=d["log_prob_positions"], bf16_casts_per_step=d["bf16_casts_per_step"],
         cast_read_gib=d["cast_read_gib"], peak_phase=peak_phase, peak_gib=peak, headroom_gib=gpu - peak,
         binding=binding, fits=fits, verdict=verdict, reason=reason,
     )
@@ -394,6 +485,8 @@ def format_plan(p: Plan) -> str:
         f"sequences ({p.seqs_per_gpu} needed per GPU)"),
         (f"host per node (peak phase) {p.host_node_peak_gib:.2f} GiB; bf16 casts per step {p.bf16_casts_per_step} "
         f"({p.micro_batches_per_step} micro-batches)"),
+        (f"logits path {p.spec['logits_path']}; update micro-batch {p.spec['micro_batch_tokens']:,} tokens -> "
+         f"{p.update_positions:,.0f} positions ({'unpadded' if p.spec['remove_padding'] else 'padded'})"),
         f"binding: {p.binding}",
         f"verdict: {p.verdict} ({p.reason})",
     ]

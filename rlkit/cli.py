@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "preflight": ("rlkit.preflight", "main", "lint a verl config for known traps before booking a GPU"),
     "grpo": ("rlkit.grpo", "main", "render / launch the Qwen3-4B GRPO recipe on verl"),
     "bundle": ("rlkit.bundle", "main", "build a wheelhouse for an offline GPU node"),
+    "figures": ("rlkit.viz.static", "main", "add static PNGs beside the plotly figures of executed notebooks"),
 }
 
 

@@ -216,17 +216,19 @@ def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
 @contextmanager
 def _local_model_overrides(recipe: GRPORecipe, overrides: list[str]):
     """``overrides`` with a random-init model's directory (written on the node, absent here) stood in for by a
-    folder holding its preset's config.json, which is all the planner reads; yields (overrides, that folder)."""
+    folder holding its preset's config.json and the length model's mean (what the planner reads); yields
+    (overrides, that folder)."""
     import tempfile
 
     model_path = next((o.split("=", 1)[1] for o in overrides if o.startswith("actor_rollout_ref.model.path=")), "")
     if not recipe.random_init or (Path(model_path) / "config.json").exists():
         yield overrides, None
         return
-    from rlkit import models
+    from rlkit import models, offline_model
 
     with tempfile.TemporaryDirectory() as tmp:
         models.preset_config(recipe.model).to_json_file(str(Path(tmp) / "config.json"))
+        (Path(tmp) / offline_model.MARKER).write_text(json.dumps({"response_length_mean": recipe.response_length_mean}))
         yield [f"actor_rollout_ref.model.path={tmp}" if o.startswith("actor_rollout_ref.model.path=") else o
                for o in overrides], tmp
 
@@ -238,20 +240,33 @@ def _preflight_with_local_model(recipe: GRPORecipe, overrides: list[str], model_
     return json.loads(json.dumps(found).replace(tmp, model_path)) if tmp else found
 
 
-def planner_check(metrics: dict[str, Any]) -> dict[str, Any] | None:
+def planner_for_run(metrics: dict[str, Any]):
+    """``(card GiB, PlanSpec, Plan)``: the planner for this run's exact overrides on the card it ran on
+    (the emulated one, else ``planner_gpu_gib``); None when the planner does not know the model."""
+    from rlkit import budget, preflight
+
+    recipe = P.build(GRPORecipe, dict(metrics["recipe"]), where="metrics.json recipe")
+    card = recipe.emulate_gpu_gib or recipe.planner_gpu_gib
+    key = "actor_rollout_ref.model.path="
+    overrides = metrics["overrides"]
+    model_path = next((o[len(key):] for o in overrides if o.startswith(key)), "")
+    if recipe.random_init and not (Path(model_path) / "config.json").exists():
+        # the random-init model's folder was written on the node: the planner reads its preset's shapes by name
+        overrides = [f"{key}{recipe.model}" if o.startswith(key) else o for o in overrides]
+    spec = preflight.planner_spec_for_overrides(overrides, recipe.patches, gpu_gib=card)
+    return None if spec is None else (card, spec, budget.plan(spec))
+
+
+def planner_check(metrics: dict[str, Any], planned=None) -> dict[str, Any] | None:
     """The planner for this run's exact overrides next to what the actor measured: its peak over the step's
     compute phases (verl's actor/perf/max_memory_allocated_gb) against the planner's largest actor total, or,
     for a run that ran out of the card in a phase, whether the planner also puts that phase over the card."""
-    from rlkit import budget, preflight
+    from rlkit import budget
 
-    recipe_values = dict(metrics["recipe"])
-    recipe = P.build(GRPORecipe, recipe_values, where="metrics.json recipe")
-    card = recipe.emulate_gpu_gib or recipe.planner_gpu_gib
-    with _local_model_overrides(recipe, metrics["overrides"]) as (local, _):
-        spec = preflight.planner_spec_for_overrides(local, recipe.patches, gpu_gib=card)
-        if spec is None:
-            return None
-        plan = budget.plan(spec)
+    planned = planned or planner_for_run(metrics)
+    if planned is None:
+        return None
+    card, spec, plan = planned
     actor = {phase: sum(plan.device_gib[phase].get(c, 0.0) for c in budget.ACTOR_ALLOCATED_COMPONENTS)
              for phase in ("log_prob", "update_fwd_bwd", "optimizer_step") if phase in plan.device_gib}
     peak_phase = max(actor, key=actor.get)
@@ -354,16 +369,28 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
         metrics = read_metrics(path)
         metrics["arms"] = [arm_row(path.name, metrics)]
         return metrics
+    loaded = read_arms(path)
+    first = dict(next(iter(loaded.values())))
+    first["arms"] = [arm_row(name, m) for name, m in loaded.items()]
+    return first
+
+
+def read_arms(results_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Every arm's ``metrics.json`` in a folder of arm folders, by folder name (sorted); CPU smoke runs beside
+    launched arms are left out. A folder that is one run gives that run under its folder name."""
+    from rlkit.results import read_metrics
+
+    path = Path(results_dir)
+    path = path if path.is_absolute() else REPO_ROOT / path
+    if (path / "metrics.json").exists():
+        return {path.name: read_metrics(path)}
     arms = sorted(p for p in path.iterdir() if (p / "metrics.json").exists()) if path.is_dir() else []
     if not arms:
         raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
     loaded = {p.name: read_metrics(p) for p in arms}
     if any(m.get("launched") for m in loaded.values()):  # CPU smoke runs beside measured arms are not arms
         loaded = {name: m for name, m in loaded.items() if m.get("launched")}
-    arms = [p for p in arms if p.name in loaded]
-    first = dict(loaded[arms[0].name])
-    first["arms"] = [arm_row(name, m) for name, m in loaded.items()]
-    return first
+    return loaded
 
 
 def phase_table(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

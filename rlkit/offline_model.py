@@ -12,6 +12,11 @@ the published config):
   empty strings, which makes a text-hash reward constant within a group (zero advantages; seen on the
   GPU node with a 151,936-row model).
 
+With ``response_length_mean`` > 0 the weights also carry :mod:`rlkit.length_model`, a synthetic length model:
+responses end on EOS after a geometric number of tokens of that mean (same architecture, same parameter
+count; one embedding column and one final-norm weight hold other values). 0, the default, is the plain
+random model, bit for bit as before. The option and its calibration are recorded in the directory's ``rlkit_offline_model.json``.
+
 The real path needs nothing from here: pass a hub id or a local directory as the recipe's ``model``.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlkit import models
+from rlkit import length_model, models
 from rlkit.env import REPO_ROOT
 
 GENERATED_MODELS = REPO_ROOT / "data" / "generated" / "models"
@@ -86,25 +91,28 @@ def build_tokenizer(texts: list[str], vocab_size: int, bos_token_id: int, eos_to
     )
 
 
-def default_dir(preset: str, seed: int = 0) -> Path:
-    return GENERATED_MODELS / f"{preset}-random-seed{seed}"
+def default_dir(preset: str, seed: int = 0, response_length_mean: int = 0) -> Path:
+    suffix = f"-len{response_length_mean}" if response_length_mean else ""
+    return GENERATED_MODELS / f"{preset}-random-seed{seed}{suffix}"
 
 
 def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed: int = 0, dtype: str = "bfloat16",
-                        device: str | None = None, texts: list[str] | None = None,
+                        device: str | None = None, texts: list[str] | None = None, response_length_mean: int = 0,
                         overwrite: bool = False) -> dict[str, Any]:
     """Write a random-init ``preset`` checkpoint and its padded tokenizer into ``out_dir``.
 
-    An existing complete directory (``rlkit_offline_model.json`` matching preset, seed and dtype)
-    is reused unless ``overwrite``. The checkpoint is written into a sibling folder and renamed into place,
-    so concurrent jobs (two sweep points starting together) never read a half-written one. Returns a
-    description (path, parameter count, vocab sizes).
+    ``response_length_mean`` > 0 calibrates the synthetic length model (:mod:`rlkit.length_model`) into the
+    weights; 0 writes the plain random model. An existing complete directory (``rlkit_offline_model.json``
+    matching preset, seed, dtype and response_length_mean) is reused unless ``overwrite``. The checkpoint is
+    written into a sibling folder and renamed into place, so concurrent jobs (two sweep points starting
+    together) never read a half-written one. Returns a description (path, parameter count, vocab sizes, the
+    length model's calibration or None).
     """
     import torch
     from transformers import GenerationConfig
 
-    out = Path(out_dir) if out_dir else default_dir(preset, seed)
-    wanted = {"preset": preset, "seed": seed, "dtype": dtype}
+    out = Path(out_dir) if out_dir else default_dir(preset, seed, response_length_mean)
+    wanted = {"preset": preset, "seed": seed, "dtype": dtype, "response_length_mean": response_length_mean}
     existing = _complete(out, wanted)
     if existing is not None and not overwrite:
         return existing
@@ -113,10 +121,12 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
 
         texts = corpus(synthetic_rows(2000, seed=seed))
     config = models.preset_config(preset)
+    length_model.validate_mean(response_length_mean, config.vocab_size)
     tokenizer = build_tokenizer(texts, config.vocab_size, config.bos_token_id, config.eos_token_id)
     torch_dtype = getattr(torch, dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = models.random_model(config, seed=seed, dtype=torch_dtype, device=device)
+    calibration = length_model.apply_length_model(model, response_length_mean, seed=seed) if response_length_mean else None
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -126,7 +136,8 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
                      pad_token_id=config.bos_token_id, do_sample=True).save_pretrained(tmp)
     info = {**wanted, "path": str(out), "parameters": models.count_parameters(model),
             "vocab_size": config.vocab_size, "tokenizer_size": len(tokenizer),
-            "special_tokens": special_token_ids(config.bos_token_id, config.eos_token_id)}
+            "special_tokens": special_token_ids(config.bos_token_id, config.eos_token_id),
+            "length_model": calibration}
     del model
     (tmp / MARKER).write_text(json.dumps(info, indent=2))
     if out.exists() and (overwrite or _complete(out, wanted) is None):
@@ -149,4 +160,11 @@ def _complete(out: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
     if not marker.exists():
         return None
     info = json.loads(marker.read_text())
+    info.setdefault("response_length_mean", 0)  # markers written before the length model: the plain model
     return info if all(info.get(k) == v for k, v in wanted.items()) else None
+
+
+def read_marker(model_dir: str | Path) -> dict[str, Any] | None:
+    """The description in a model directory written here (None for any other directory)."""
+    marker = Path(model_dir) / MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None

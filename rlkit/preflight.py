@@ -10,7 +10,9 @@ semantics and band, max_num_batched_tokens, deprecated micro-batch keys, the dyn
 floor, disable_log_stats, CUDA-graph memory, the Ray uv runtime-env hook) and from verl 0.9's FSDP1
 with fsdp_size=1 (no gradient all-reduce; param offload that frees nothing), which are reported as
 fixed when the rlkit patch ``no_shard`` / ``offload_views`` is active. When the model and the GPU
-memory are known, the phase-budget planner's verdict is a finding too.
+memory are known, the phase-budget planner's verdict is a finding too, and the logits path the actor will take
+(verl's unfused logits, verl's fused kernels, or rlkit's ``chunked_logprobs`` patch) is named with its GiB for
+the update micro-batch (padded or not, per ``use_remove_padding``) and the alternative's.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
@@ -285,6 +287,30 @@ def _update_entropy(c: VerlConfig, active_patches: Iterable[str]) -> str:
     return "detached" if coeff == 0.0 and "metric_entropy" in active_patches else "backprop"
 
 
+MODEL = "actor_rollout_ref.model"
+FUSED_KERNELS = f"{MODEL}.use_fused_kernels"
+FUSED_BACKEND = f"{MODEL}.fused_kernel_options.impl_backend"
+UNFUSED_PATH = "torch_rowwise"  # budget.LOGITS_BYTES: verl's unfused path without flash-attn (the planner's default)
+
+
+def _logits_path(c: VerlConfig, active_patches: Iterable[str]) -> str:
+    """How the actor turns hidden states into log-probs (a budget.LOGITS_BYTES path): rlkit's chunked_logprobs
+    patch (it takes over verl's fused-kernel path), verl's own fused kernels, or verl's unfused logits."""
+    if "chunked_logprobs" in active_patches:
+        return "chunked_logprobs"
+    return "verl_fused" if c.get(FUSED_KERNELS) else UNFUSED_PATH
+
+
+def _mean_response_tokens(model: str, max_response_length: int) -> float:
+    """Expected response tokens of a random-init model written by rlkit.offline_model with the synthetic length
+    model (its marker's response_length_mean); 0 (= max_response_length) for any other model."""
+    from rlkit import length_model, offline_model
+
+    marker = offline_model.read_marker(model) if os.path.isdir(os.path.expanduser(str(model))) else None
+    mean = int((marker or {}).get("response_length_mean") or 0)
+    return length_model.expected_response_tokens(mean, max_response_length) if mean else 0
+
+
 def _planner_spec(c: VerlConfig, ctx: Context):
     """A budget.PlanSpec from the config, or a reason why the planner cannot run."""
     from rlkit import budget, model_shape
@@ -298,8 +324,10 @@ def _planner_spec(c: VerlConfig, ctx: Context):
         return None, f"model {model!r} matches no planner preset and no local config.json"
     if ctx.gpu_gib is None:
         return None, "the GPU memory is unknown (pass --gpu-gib)"
-    seq = c.seq_len()
     n = c.world_size
+    mean_response = _mean_response_tokens(model, int(c.get("data.max_response_length")))
+    # a micro-batch of a fixed number of sequences holds that many expected lengths of actual tokens
+    expected_seq = int(c.get("data.max_prompt_length")) + (mean_response or int(c.get("data.max_response_length")))
     if c.get("actor_rollout_ref.actor.use_dynamic_bsz"):
         tokens = int(c.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
     else:
@@ -308,12 +336,12 @@ def _planner_spec(c: VerlConfig, ctx: Context):
         mbs = per_gpu or (max(1, int(glob) // n) if glob else None)
         if not mbs:
             return None, "no actor micro-batch size is set (ppo_micro_batch_size_per_gpu)"
-        tokens = int(mbs) * seq
+        tokens = round(int(mbs) * expected_seq)
     if c.get(f"{ROLLOUT}.log_prob_use_dynamic_bsz"):
         lp_tokens = int(c.get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu"))
     else:
         lp = c.get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
-        lp_tokens = int(lp) * seq if lp else tokens
+        lp_tokens = round(int(lp) * expected_seq) if lp else tokens
     options = set(ctx.planner_options)
     options |= {p for p in ctx.active_patches if p in budget.RLKIT_OPTIONS}
     if "rlkit" in str(c.get("actor_rollout_ref.actor.optim.optimizer_impl")):  # HostAdamW (rlkit.optim)
@@ -335,6 +363,9 @@ def _planner_spec(c: VerlConfig, ctx: Context):
     if c.get(f"{ROLLOUT}.enforce_eager"):
         values["cudagraph_gib"] = 0.0
     values["update_entropy"] = _update_entropy(c, ctx.active_patches)
+    values["logits_path"] = _logits_path(c, ctx.active_patches)
+    values["remove_padding"] = bool(c.get(f"{MODEL}.use_remove_padding"))
+    values["mean_response_tokens"] = mean_response
     spec = budget.with_options(budget.PlanSpec(**values), sorted(options))
     return spec, ""
 
@@ -377,6 +408,62 @@ def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
     return [Finding("error", key, message, fix)]
 
 
+LOGITS_PATHS = {
+    "torch_rowwise": "verl's unfused path: the model returns the micro-batch's full logits, log-softmax row by row",
+    "verl_fused": "verl's fused kernels (torch backend): log-probs from the hidden states in {rows}-row chunks, "
+                  "recomputed in backward",
+    "chunked_logprobs": "rlkit's chunked_logprobs patch: log-probs from the hidden states in {rows}-row chunks "
+                        "(fp32 weight-gradient sum), recomputed in backward",
+}
+
+
+def _describe_path(path: str) -> str:
+    from rlkit import budget
+
+    return LOGITS_PATHS[path].format(rows=budget.CHUNKED_LOGITS.get(path, {}).get("chunk_rows"))
+
+
+def check_logits_path(c: VerlConfig, ctx: Context) -> list[Finding]:
+    """Which logits path the actor takes and what it costs in the update micro-batch, next to the alternative."""
+    from rlkit import budget
+
+    path = _logits_path(c, ctx.active_patches)
+    out = []
+    if path == "chunked_logprobs" and not (c.get(FUSED_KERNELS) and c.get(FUSED_BACKEND) == "torch"):
+        out.append(Finding("error", FUSED_KERNELS,
+                           f"the chunked_logprobs patch replaces verl's fused-kernel log-probs, but this config has "
+                           f"use_fused_kernels={c.get(FUSED_KERNELS)}, impl_backend={c.get(FUSED_BACKEND)!r}: the "
+                           f"patch stops the engine at start-up (the model would return full logits)",
+                           f"set {FUSED_KERNELS}=True and {FUSED_BACKEND}=torch, or drop the chunked_logprobs patch"))
+    elif path == "verl_fused" and c.get(FUSED_BACKEND) != "torch":
+        out.append(Finding("warning", FUSED_BACKEND,
+                           f"fused kernels with impl_backend={c.get(FUSED_BACKEND)!r}: the planner counts verl's "
+                           f"torch backend", "treat the logits GiB below as an estimate"))
+    alternative = UNFUSED_PATH if path in budget.CHUNKED_LOGITS else "chunked_logprobs"
+    try:
+        spec, why = _planner_spec(c, replace(ctx, gpu_gib=ctx.gpu_gib or 80.0))  # the card does not change logits
+    except ParamError as err:
+        spec, why = None, str(err)
+    if spec is None:
+        return out + [Finding("info", FUSED_KERNELS, f"logits path: {path} ({_describe_path(path)}); its size is "
+                              f"unknown: {why}", "set actor_rollout_ref.model.path to a preset or a local model folder")]
+    gib = budget.update_logits_gib(spec, (path, alternative))
+    positions = budget.micro_batch_positions(spec, spec.micro_batch_tokens)
+    padding = ("unpadded, use_remove_padding=True" if spec.remove_padding else
+               f"use_remove_padding=False: padded to {positions:,.0f} positions")
+    message = (f"logits path: {path} ({_describe_path(path)}): {gib[path]:.2f} GiB for the update micro-batch of "
+               f"{spec.micro_batch_tokens:,} tokens ({padding}); {alternative} would take {gib[alternative]:.2f} GiB")
+    if gib[path] <= gib[alternative]:
+        fix = "none needed"
+    elif path in budget.CHUNKED_LOGITS:
+        fix = (f"none needed; at micro-batches this small the unfused path is {gib[path] - gib[alternative]:.2f} GiB "
+               f"smaller (a chunked path pays off above about one chunk of rows)")
+    else:
+        fix = (f"for {gib[path] - gib[alternative]:.2f} GiB less: {FUSED_KERNELS}=True with rlkit's chunked_logprobs "
+               f"patch (verl's own fused kernels: {budget.update_logits_gib(spec, ('verl_fused',))['verl_fused']:.2f} GiB)")
+    return out + [Finding("info", FUSED_KERNELS, message, fix)]
+
+
 CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
     "gpu_memory_utilization": check_gpu_memory_utilization,
     "max_num_batched_tokens": check_max_num_batched_tokens,
@@ -388,6 +475,7 @@ CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
     "fsdp1_grad_sync": check_fsdp1_grad_sync,
     "fsdp1_offload_frees_nothing": check_fsdp1_offload_frees_nothing,
     "metric_entropy_coeff": check_metric_entropy_coeff,
+    "logits_path": check_logits_path,
     "planner": check_planner,
 }
 

@@ -7,6 +7,9 @@ all 256 sequences, ppo_epochs 1), FSDP1 with fsdp_size=1 on 2 GPUs, param (+ opt
 sleep mode (``free_cache_engine``), gpu_memory_utilization 0.85, rlkit patches switchable one by
 one, console and file logging. The node-needed knobs found on the offline H200 node (notes/gpu-node.md: sdpa
 attention, no remove-padding, Ray CPU count, small helper pools) are fields with those defaults.
+``response_length_mean`` > 0 gives a random-init model the synthetic length model of :mod:`rlkit.length_model`
+(responses end on EOS after a geometric number of tokens of that mean); 0 is the plain random model, which
+never ends a response, so every one is max_response_length long.
 
 :data:`ARMS` are the seed's cumulative steps as recipe fields; :func:`prepare_inputs` writes the data and
 the random-init model a recipe names. Launching is :mod:`rlkit.verl_job`'s; the experiment that runs the
@@ -34,6 +37,7 @@ class GRPORecipe:
 
     model: str = "qwen3-4b"            # rlkit.models preset (random-init, written offline) or a hub id / local dir
     model_seed: int = 0                # seed of the random-init weights and of the synthetic data
+    response_length_mean: int = 0      # random-init only: synthetic EOS model, geometric lengths of this mean (0: off)
     data: str = "synthetic"            # "synthetic", a local DAPO-Math-17k parquet, or its hub id
     data_rows: int = 2048              # synthetic rows / cap on unique real rows (0 = all)
     reward: Literal["auto", "synthetic_hash", "dapo_math"] = "auto"  # auto: hash reward for random weights
@@ -115,6 +119,13 @@ class GRPORecipe:
                 "ship it to the GPU every update", "set optimizer_offload: false")
         if not self.planner_gpu_gib > 0:
             bad("planner_gpu_gib", f"{self.planner_gpu_gib} is not positive", "the GPU's memory in GiB, e.g. 47.4")
+        if isinstance(self.response_length_mean, bool) or not isinstance(self.response_length_mean, int) \
+                or self.response_length_mean < 0 or self.response_length_mean == 1:
+            bad("response_length_mean", f"{self.response_length_mean!r} is not 0 or an integer >= 2",
+                "0 (every response runs to max_response_length) or the mean response tokens, e.g. 256")
+        if self.response_length_mean and not self.random_init:
+            bad("response_length_mean", f"{self.response_length_mean} is the synthetic length model of a random-init "
+                f"preset, but model={self.model!r} is a real model (its lengths are its own)", "set it to 0")
         if self.data_rows < 0:
             bad("data_rows", f"{self.data_rows} is negative", "use 0 (all rows) or a positive cap")
         if self.data == "synthetic" and self.data_rows < self.train_batch_size:
@@ -146,7 +157,8 @@ def default_paths(recipe: GRPORecipe) -> Paths:
     """The model directory and data file :func:`prepare_inputs` writes (no files touched)."""
     from rlkit import data, offline_model
 
-    model = str(offline_model.default_dir(recipe.model, recipe.model_seed)) if recipe.random_init else recipe.model
+    model = (str(offline_model.default_dir(recipe.model, recipe.model_seed, recipe.response_length_mean))
+             if recipe.random_init else recipe.model)
     if recipe.data == "synthetic":
         train = data.GENERATED_DIR / f"synthetic-dapo-{recipe.data_rows}-seed{recipe.model_seed}.parquet"
     else:
@@ -251,7 +263,8 @@ def prepare_inputs(recipe: GRPORecipe) -> tuple[Paths, dict, dict]:
     data_info = data.prepare(recipe.data, rows=recipe.data_rows, seed=recipe.model_seed,
                              out_dir=Path(paths.train_file).parent).as_dict()
     if recipe.random_init:
-        model_info = offline_model.write_offline_model(recipe.model, paths.model, seed=recipe.model_seed)
+        model_info = offline_model.write_offline_model(recipe.model, paths.model, seed=recipe.model_seed,
+                                                       response_length_mean=recipe.response_length_mean)
     else:
         model_info = {"path": recipe.model, "preset": None}
     return Paths(model=model_info["path"], train_file=data_info["path"]), data_info, model_info

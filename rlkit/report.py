@@ -313,6 +313,34 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines
 
 
+DETERMINISM_NOTEBOOKS = ("01_offload_bug", "03_cast_once", "04_skip_old_logprob")
+
+
+def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """The GPU parity checks rerun in deterministic mode (``outputs/<notebook>/h200-deterministic/``)."""
+    tag = "h200-deterministic"
+    header = ("| notebook | commit | checks | bit-exact | largest patched vs unpatched | largest unpatched vs itself | "
+              "ops torch refused |")
+    lines = ["**GPU parity in deterministic mode** (one H200; `torch.use_deterministic_algorithms(True)` in its raising "
+             "mode, cuDNN deterministic, `CUBLAS_WORKSPACE_CONFIG` from the launcher, fixed seeds; each check is the "
+             "patched run against the unpatched one, next to the unpatched run against a repeat of itself; "
+             f"`outputs/<notebook>/{tag}/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    rows = 0
+    for notebook in DETERMINISM_NOTEBOOKS:
+        m = _load(notebook, tag, root)
+        d = (m or {}).get("determinism")
+        if not d:
+            continue
+        checks = [c for c in d["checks"] if c["patched_vs_unpatched"] is not None]
+        spreads = [c["unpatched_vs_itself"] for c in checks if c["unpatched_vs_itself"] is not None]
+        lines.append(f"| {notebook} | {_run_commit(root / notebook / tag)} | {len(checks)} | "
+                     f"{sum(c['verdict'] == 'bit-exact' for c in checks)} | "
+                     f"{fmt(max((c['patched_vs_unpatched'] for c in checks), default=None), 'g')} | "
+                     f"{fmt(max(spreads, default=None), 'g')} | {', '.join(d.get('nondeterministic_ops', {}).values()) or 'none'} |")
+        rows += 1
+    return lines if rows else [f"*No committed {tag} results yet.*"]
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -327,8 +355,9 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
-BLOCKS = {"arc": arc_table, "results": results_section, "limits": limits_section, "reruns": reruns_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "limits"), "docs/lab-notes.md": ("reruns",)}
+BLOCKS = {"arc": arc_table, "results": results_section, "limits": limits_section, "determinism": determinism_section,
+          "reruns": reruns_section}
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "limits", "determinism"), "docs/lab-notes.md": ("reruns",)}
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -17,7 +17,6 @@ import yaml
 
 from rlkit.params import ParamError
 
-
 # verl 0.9.1 defaults (verl/trainer/config/_generated_ppo_trainer.yaml) of every key a check reads.
 # ``${oc.select:...}`` defaults there are resolved by :meth:`VerlConfig.get` (see FOLLOWS).
 VERL_DEFAULTS: dict[str, Any] = {
@@ -36,6 +35,9 @@ VERL_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat",
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
     "actor_rollout_ref.model.lora_rank": 0,
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.model.use_fused_kernels": False,
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.ref.log_prob_micro_batch_size": None,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.rollout.name": None,  # '???' (mandatory) in verl
@@ -76,10 +78,17 @@ class PreflightInputError(ParamError):
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[A-Za-z_0-9][\w\-]*)*$")
 
 
+# Hydra writes a flow dict's entries as key:value (no space); YAML reads "key:value" as one key with no value
+_FLOW_KEY = re.compile(r"(?<=[{,])(\s*[A-Za-z_][\w\-]*):(?![\s/])")
+
+
 def _value(raw: str) -> Any:
-    """A Hydra override value: YAML scalars and flow lists/dicts; anything unparsable stays a string."""
+    """A Hydra override value: YAML scalars and flow lists/dicts (Hydra's ``{a:1,b:x}`` included); anything
+    unparsable stays a string."""
     if raw == "":
         return ""
+    if raw.lstrip().startswith("{"):
+        raw = _FLOW_KEY.sub(r"\1: ", raw)
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:

@@ -40,6 +40,14 @@ SUMMARY_KEYS = {
     "actor_max_reserved_gib": "actor/perf/max_memory_reserved_gb",
     "host_memory_used_gib": "actor/perf/cpu_memory_used_gb",
 }
+# Extremes over the same steps, not means: the shortest and the longest response any averaged step sampled
+# (verl's compute_data_metrics logs each step's batch min and max; a mean of per-step extremes would describe
+# no response). With the synthetic length model (rlkit.length_model) they show that lengths vary; the plain
+# random model's sit at max_response_length (its min dips when it samples its EOS id, ~1 in vocab_size tokens).
+EXTREME_KEYS = {
+    "response_length_min": ("response_length/min", min),
+    "response_length_max": ("response_length/max", max),
+}
 
 
 def _number(raw: str):
@@ -107,8 +115,8 @@ def training_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means of the headline metrics over training steps 2.. (step 1 carries one-off start-up);
-    step 1 alone when it is the only one."""
+    """Means of the headline metrics (:data:`SUMMARY_KEYS`) over training steps 2.. (step 1 carries one-off
+    start-up), step 1 alone when it is the only one; :data:`EXTREME_KEYS` are the min / max over those steps."""
     trained = training_steps(steps)
     if not trained:
         return {}
@@ -117,6 +125,9 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for name, key in SUMMARY_KEYS.items():
         values = [s[key] for s in window if isinstance(s.get(key), (int, float))]
         out[name] = sum(values) / len(values) if values else None
+    for name, (key, pick) in EXTREME_KEYS.items():
+        values = [s[key] for s in window if isinstance(s.get(key), (int, float))]
+        out[name] = pick(values) if values else None
     return out
 
 

@@ -287,3 +287,109 @@ def test_update_entropy_recomputed_in_backward_costs_six_bytes_per_logit():
     assert logits["backprop"] - logits["none"] == pytest.approx(6 * 4096 * shape.vocab / B.GIB)
     with pytest.raises(ParamError, match="update_entropy"):
         B.PlanSpec(update_entropy="sometimes")
+
+
+def test_chunked_logits_paths_hand_computed_bytes():
+    """A chunked path holds one chunk of rows x vocabulary, whatever the micro-batch, plus in the update the
+    lm_head gradient's accumulator (vocab x hidden x 4 B; none with LoRA, whose lm_head is frozen)."""
+    s = MS.shape_from_config(TOY, "toy")  # vocab 32, hidden 8
+    lm_head_grad = 4 * 32 * 8
+    chunked = B.phase_components(toy_spec(logits_path="chunked_logprobs", logits_chunk_rows=4), s)[0]
+    assert chunked["update_fwd_bwd"]["logits"] == 4 * 32 * 8 + lm_head_grad  # 4 rows x 32 x (fp32 logits + a temporary)
+    assert chunked["log_prob"]["logits"] == 4 * 32 * 8
+    backprop = B.phase_components(toy_spec(logits_path="chunked_logprobs", logits_chunk_rows=4, update_entropy="backprop"), s)[0]
+    assert backprop["update_fwd_bwd"]["logits"] == 4 * 32 * (8 + 2) + lm_head_grad
+    lora = B.phase_components(toy_spec(logits_path="chunked_logprobs", logits_chunk_rows=4, lora_rank=2), s)[0]
+    assert lora["update_fwd_bwd"]["logits"] == 4 * 32 * 8
+    # the path's own chunk (2048 rows) is larger than the toy's 16-token micro-batch: the micro-batch's rows count
+    own = B.phase_components(toy_spec(logits_path="chunked_logprobs"), s)[0]
+    assert own["update_fwd_bwd"]["logits"] == 16 * 32 * 8 + lm_head_grad
+    fused = B.phase_components(toy_spec(logits_path="verl_fused"), s)[0]  # 512-row chunks
+    assert fused["update_fwd_bwd"]["logits"] == 16 * 32 * 24 + lm_head_grad and fused["log_prob"]["logits"] == 32 * 32 * 12
+    assert B.phase_components(toy_spec(), s)[0]["update_fwd_bwd"]["logits"] == 16 * 32 * 10  # unchunked: all rows
+    with pytest.raises(ParamError, match="logits_chunk_rows"):
+        toy_spec(logits_chunk_rows=4)  # torch_fp32 does not work in chunks
+
+
+def test_logits_paths_at_the_seed_workload():
+    """Qwen3-4B (vocab 151,936, hidden 2,560), 24,576 tokens per update micro-batch."""
+    spec = B.PlanSpec()
+    gib = B.update_logits_gib(spec, ("torch_rowwise", "chunked_logprobs", "verl_fused"))
+    V, H = 151936, 2560
+    assert gib["torch_rowwise"] == pytest.approx(24576 * V * 8 / GIB)  # 27.82
+    rows = B.CHUNKED_LOGITS["chunked_logprobs"]["chunk_rows"]  # rlkit's patch: 2048
+    assert gib["chunked_logprobs"] == pytest.approx((rows * V * 8 + 4 * V * H) / GIB)  # 2.32 + 1.45
+    assert gib["verl_fused"] == pytest.approx((512 * V * 24 + 4 * V * H) / GIB)  # 1.74 + 1.45
+    p = B.plan(B.PlanSpec(logits_path="chunked_logprobs"))
+    assert p.device_gib["update_fwd_bwd"]["logits"] == pytest.approx(gib["chunked_logprobs"])
+    assert "logits path chunked_logprobs" in B.format_plan(p)
+
+
+def test_chunk_rows_are_the_patchs():
+    pytest.importorskip("torch")
+    from rlkit.patches import chunked_logprobs
+
+    assert B.CHUNKED_LOGITS["chunked_logprobs"]["chunk_rows"] == chunked_logprobs.CHUNK_ROWS
+
+
+def test_padded_and_unpadded_micro_batches_hand_computed():
+    """remove_padding: a micro-batch's tensors hold its actual tokens. Without it, every sequence is padded to the
+    longest (taken as a full sequence, 6 + 10 = 16) while the token budget counts expected lengths (6 + 2 = 8):
+    twice the positions here."""
+    s = MS.shape_from_config(TOY, "toy")
+    per_layer = 4 * 8 + 3 * 8 + 3 * 4 + 4 * 16
+    padded = toy_spec(mean_response_tokens=2, remove_padding=False)
+    dev, _, d = B.phase_components(padded, s)
+    assert d["update_positions"] == 16 * 16 / 8 == 32
+    assert dev["update_fwd_bwd"]["activations"] == 2 * 32 * 8 * 2 + 32 * per_layer * 2
+    assert dev["update_fwd_bwd"]["logits"] == 32 * 32 * 10
+    # the forward-only budget (32 tokens) is a whole step per GPU here: 4 prompts x 2 x 8 tokens / 2 GPUs = 32
+    assert d["log_prob_positions"] == 32 * 2 and dev["log_prob"]["logits"] == 64 * 32 * 10
+    assert d["micro_batches_per_step"] == 2  # 32 actual tokens per GPU / 16
+    unpadded = B.phase_components(replace(padded, remove_padding=True), s)
+    assert unpadded[2]["update_positions"] == 16 and unpadded[0]["update_fwd_bwd"]["logits"] == 16 * 32 * 10
+    assert unpadded[0]["update_fwd_bwd"]["activations"] == 2 * 16 * 8 * 2 + 16 * per_layer * 2
+    # every response at max_response_length (the plain random model): padded = actual
+    full = toy_spec(remove_padding=False)
+    assert B.phase_components(full, s)[2]["update_positions"] == 16 == B.micro_batch_positions(replace(full, remove_padding=True), 16)
+    # a budget above a whole step's tokens holds that step: 4 x 2 x 16 / 2 = 64
+    assert B.micro_batch_positions(toy_spec(micro_batch_tokens=1000), 1000) == 64
+    with pytest.raises(ParamError, match="mean_response_tokens"):
+        toy_spec(mean_response_tokens=11)
+
+
+@pytest.mark.gpu
+def test_chunked_logits_paths_match_the_measured_peak():
+    """The chunked paths' bytes (CHUNKED_LOGITS) against torch's peak allocation at Qwen3-4B's lm_head shape (bf16
+    hidden states and weight): forward, forward + backward, and with the entropy in the loss; the hidden states'
+    gradient (rows x hidden x 2 B) is the only other tensor. Within 3 %, at two micro-batch sizes."""
+    torch = pytest.importorskip("torch")
+    verl_kernels = pytest.importorskip("verl.utils.experimental.torch_functional")
+    from rlkit.patches.chunked_logprobs import chunked_linear_logprobs
+
+    shape = MS.resolve_model("qwen3-4b")
+    V, H, dev = shape.vocab, shape.hidden, "cuda"
+    paths = {"chunked_logprobs": lambda h, w, y: chunked_linear_logprobs(h, w, y, 1.0, with_entropy=True),
+             "verl_fused": lambda h, w, y: verl_kernels.FusedLinearForPPOFunction.apply(h, w, y, 1.0, 512)}
+    for rows in (8192, 16384):
+        for path, fn in paths.items():
+            for mode in ("forward", "none", "backprop"):
+                torch.cuda.empty_cache()
+                g = torch.Generator(device=dev).manual_seed(0)
+                train = mode != "forward"
+                h = torch.randn(rows, H, device=dev, generator=g).bfloat16().requires_grad_(train)
+                w = (torch.randn(V, H, device=dev, generator=g) * 0.02).bfloat16().requires_grad_(train)
+                y = torch.randint(0, V, (rows,), device=dev, generator=g)
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                with torch.set_grad_enabled(train):
+                    lp, ent = fn(h, w, y)
+                    if train:
+                        (lp.sum() + (ent.float().sum() * 0.01 if mode == "backprop" else 0.0)).backward()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                spec = B.PlanSpec(logits_path=path, update_entropy="backprop" if mode == "backprop" else "none")
+                planned = B.logits_bytes(spec, shape, rows, train=train) + (rows * H * 2 if train else 0)
+                assert peak == pytest.approx(planned, rel=0.03), (path, rows, mode, peak / GIB, planned / GIB)
+                del h, w, y, lp, ent

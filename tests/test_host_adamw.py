@@ -41,19 +41,43 @@ def lr_lambda(step: int) -> float:
 
 
 def assert_same_state(host: torch.optim.Optimizer, ref: torch.optim.Optimizer, host_params, ref_params):
-    for hp, rp in zip(host_params, ref_params):
+    for hp, rp in zip(host_params, ref_params, strict=True):
         assert torch.equal(hp, rp), (hp - rp).abs().max()
         hs, rs = host.state[hp], ref.state[rp]
-        for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert set(hs) == set(rs)  # max_exp_avg_sq with amsgrad, on exactly the parameters torch keeps it for
+        for key in rs:
             assert torch.equal(hs[key], rs[key]), key
             assert hs[key].dtype == rs[key].dtype and hs[key].shape == rs[key].shape, key
 
 
+GROUP_OPTIONS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+# Every AdamW option HostAdamW claims (its docstring: torch.optim.AdamW's keywords), each against torch's kernel.
+CASES = {
+    "defaults": {},
+    "amsgrad": {"amsgrad": True},
+    "maximize": {"maximize": True},
+    "amsgrad+maximize": {"amsgrad": True, "maximize": True},
+}
+
+
+def param_groups(params, case: str):
+    """``params`` as one group (``CASES``), or three groups that override every option differently."""
+    if case in CASES:
+        return params
+    return [{"params": params[:2]},
+            {"params": params[2:3], "lr": 3e-2, "weight_decay": 0.0, "amsgrad": True},
+            {"params": params[3:], "betas": (0.8, 0.99), "eps": 1e-6, "maximize": True}]
+
+
+@pytest.mark.parametrize("case", [*CASES, "param_groups"])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_bit_exact_vs_torch_adamw_with_scheduler(impl):
+def test_bit_exact_vs_torch_adamw_with_scheduler(impl, case):
     host_params, ref_params = make_params(), make_params()
-    host = HostAdamW(host_params, impl=impl, **HYPER)
-    ref = torch.optim.AdamW(ref_params, **HYPER, **TORCH_FLAGS[impl])
+    options = {**HYPER, **CASES.get(case, {})}
+    host = HostAdamW(param_groups(host_params, case), impl=impl, **options)
+    ref = torch.optim.AdamW(param_groups(ref_params, case), **options, **TORCH_FLAGS[impl])
+    assert [{k: g[k] for k in GROUP_OPTIONS} for g in host.param_groups] == \
+        [{k: g[k] for k in GROUP_OPTIONS} for g in ref.param_groups]
     host_sched, ref_sched = LambdaLR(host, lr_lambda), LambdaLR(ref, lr_lambda)
     for step in range(STEPS):
         set_grads(host_params, step)
@@ -62,7 +86,7 @@ def test_bit_exact_vs_torch_adamw_with_scheduler(impl):
         ref.step()
         host_sched.step()
         ref_sched.step()
-        assert host.param_groups[0]["lr"] == ref.param_groups[0]["lr"]
+        assert [g["lr"] for g in host.param_groups] == [g["lr"] for g in ref.param_groups]
     assert_same_state(host, ref, host_params, ref_params)
     assert float(host.state[host_params[0]]["step"]) == STEPS
     # state_dict holds exactly torch's per-parameter state

@@ -44,22 +44,36 @@ def test_metrics_recorder_writes_atomically(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_gpu_sampler_cuts_the_timeline_by_phase():
-    import itertools
+def wait_for_samples(sampler, count: int) -> None:
+    """Until the sampler thread has appended ``count`` samples, however busy the machine (no deadline here:
+    a thread that never samples is a hang, which pytest-timeout ends)."""
     import time
 
+    while len(sampler.samples) < count:
+        time.sleep(0.001)
+
+
+def test_gpu_sampler_cuts_the_timeline_by_phase():
+    import itertools
+
     values = itertools.count()
-    sampler = measure.MemorySampler(interval_s=0.01, reader=lambda: [float(next(values))], source="counter")
+    sampler = measure.MemorySampler(interval_s=0.001, reader=lambda: [float(next(values))], source="counter")
     with sampler:
-        sampler.mark("rollout")
-        time.sleep(0.05)
-        sampler.mark("update")
-        time.sleep(0.05)
+        wait_for_samples(sampler, 1)  # taken before any mark: phase "start"
+        for phase in ("rollout", "update"):
+            sampler.mark(phase)
+            # A sample timed before the mark may still be in flight; the one after it started after the mark.
+            wait_for_samples(sampler, len(sampler.samples) + 2)
     timeline = sampler.timeline()
     phases = [row["phase"] for row in timeline]
-    assert phases == sorted(phases, key=["start", "rollout", "update"].index)
+    order = ["start", "rollout", "update"]
+    assert phases == sorted(phases, key=order.index)
+    assert set(phases) == set(order)  # every phase holds at least one sample
     summary = sampler.summary()
-    assert summary["peak_used_gib_by_phase"]["update"][0] == timeline[-1]["used_gib"][0]
+    assert summary["samples"] == len(timeline)
+    for phase in order:  # the counter rises: each phase's peak is its last sample
+        assert summary["peak_used_gib_by_phase"][phase] == [max(r["used_gib"][0] for r in timeline if r["phase"] == phase)]
+    assert summary["peak_used_gib_by_phase"]["update"] == timeline[-1]["used_gib"]  # stop() samples once more
     assert summary["peak_used_gib"] == [max(r["used_gib"][0] for r in timeline)]
 
 
@@ -130,11 +144,13 @@ def test_a_second_sampler_shares_the_first_ones_clock():
     import time
 
     first = measure.MemorySampler(interval_s=0.01, reader=lambda: [0.0], source="a")
-    time.sleep(0.02)
+    time.sleep(0.01)
+    created = time.time() - first.origin  # on the first sampler's clock, before the second exists
     second = measure.MemorySampler(interval_s=0.01, reader=lambda: [[1, 0.5, "x"]], source="b", origin=first.origin)
     with second:
-        time.sleep(0.03)
-    assert second.origin == first.origin and second.samples[0][0] >= 0.02
+        wait_for_samples(second, 1)
+    assert second.origin == first.origin
+    assert second.samples[0][0] >= created > 0  # ordering on one clock, not a duration
     assert second.samples[0][1] == [[1, 0.5, "x"]]
 
 

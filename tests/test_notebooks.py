@@ -115,7 +115,7 @@ def test_notebook_runs_with_tiny_profile(path, tmp_path):
     result = R.run_one(path, values, tag, progress=False, root=tmp_path, cell_timeout_s=CELL_TIMEOUT_S)
     if not result.ok and "CellTimeoutError" in result.error:
         # jupyter's kernel client now and then never sees the reply to a widget cell (nbclient #312;
-        # seen once in CI on 00's planner form): the tiny cells take seconds, so run it once more.
+        # seen once in CI on 00's old planner form): the tiny cells take seconds, so run it once more.
         result = R.run_one(path, values, tag, progress=False, root=tmp_path, cell_timeout_s=CELL_TIMEOUT_S)
     assert result.ok, result.error
     metrics = json.loads(Path(result.folder, "metrics.json").read_text())

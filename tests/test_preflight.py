@@ -268,3 +268,74 @@ def test_defaults_match_verl_generated_config():
 def test_planner_knows_how_the_update_computes_the_entropy(extra, patches, expected):
     spec = PF.planner_spec_for_overrides(SEED4B + extra, patches, gpu_gib=47.4)
     assert spec.update_entropy == expected
+
+
+SEED_WORKLOAD = SEED4B + ["data.max_prompt_length=2048", "data.max_response_length=10240",
+                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576"]
+V, H, GIB = 151936, 2560, 2**30
+
+
+def logits_finding(extra=(), patches=()):
+    found = by_check(findings(SEED_WORKLOAD + list(extra), patches=patches, gpu_gib=47.4), "logits_path")
+    infos = [f for f in found if f.severity == "info"]
+    assert len(infos) == 1, found
+    return infos[0], [f for f in found if f.severity != "info"]
+
+
+def test_logits_path_stock_verl_unfused_padded():
+    """(i) verl as shipped, without remove-padding: the full logits of the padded micro-batch, 8 B per element."""
+    f, other = logits_finding(["actor_rollout_ref.model.use_remove_padding=False"])
+    assert other == [] and f.key == "actor_rollout_ref.model.use_fused_kernels"
+    unfused, chunked = 24576 * V * 8 / GIB, (2048 * V * 8 + 4 * V * H) / GIB  # 27.82 and 3.77 GiB
+    assert f.message.startswith("logits path: torch_rowwise (verl's unfused path")
+    assert f"{unfused:.2f} GiB for the update micro-batch of 24,576 tokens (use_remove_padding=False" in f.message
+    assert f"chunked_logprobs would take {chunked:.2f} GiB" in f.message
+    assert "chunked_logprobs" in f.fix and f"{unfused - chunked:.2f} GiB less" in f.fix
+    spec = PF.planner_spec_for_overrides(SEED_WORKLOAD + ["actor_rollout_ref.model.use_remove_padding=False"], gpu_gib=47.4)
+    assert (spec.logits_path, spec.remove_padding) == ("torch_rowwise", False)
+
+
+def test_logits_path_verl_fused_kernels():
+    """(ii) verl's use_fused_kernels: 512-row chunks (24 B per element in backward) + the lm_head gradient sum."""
+    f, other = logits_finding(["actor_rollout_ref.model.use_fused_kernels=True"])
+    assert other == [] and f.message.startswith("logits path: verl_fused (verl's fused kernels")
+    fused, unfused = (512 * V * 24 + 4 * V * H) / GIB, 24576 * V * 8 / GIB
+    assert f"{fused:.2f} GiB for the update micro-batch of 24,576 tokens (unpadded" in f.message
+    assert f"torch_rowwise would take {unfused:.2f} GiB" in f.message and f.fix == "none needed"
+    spec = PF.planner_spec_for_overrides(SEED_WORKLOAD + ["actor_rollout_ref.model.use_fused_kernels=True"], gpu_gib=47.4)
+    assert spec.logits_path == "verl_fused"
+
+
+def test_logits_path_rlkit_chunked_logprobs_patch():
+    """(iii) rlkit's chunked_logprobs patch (it needs verl's fused-kernel path, torch backend, to hook into)."""
+    fused = ["actor_rollout_ref.model.use_fused_kernels=True"]
+    f, other = logits_finding(fused, patches=["chunked_logprobs"])
+    assert other == [] and f.message.startswith("logits path: chunked_logprobs (rlkit's chunked_logprobs patch")
+    assert f"{(2048 * V * 8 + 4 * V * H) / GIB:.2f} GiB" in f.message and f"{24576 * V * 8 / GIB:.2f}" in f.message
+    assert PF.planner_spec_for_overrides(SEED_WORKLOAD + fused, ["chunked_logprobs"], gpu_gib=47.4).logits_path == "chunked_logprobs"
+    # without use_fused_kernels the patch refuses to start the engine: say so before a GPU is booked
+    found = by_check(findings(SEED_WORKLOAD, patches=["chunked_logprobs"], gpu_gib=47.4), "logits_path")
+    errors = [x for x in found if x.severity == "error"]
+    assert len(errors) == 1 and "use_fused_kernels=False" in errors[0].message
+    assert "use_fused_kernels=True" in errors[0].fix
+    # at a micro-batch of one chunk the unfused path is the smaller one, and the finding says so
+    small, _ = logits_finding(fused + ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
+                                       "data.max_prompt_length=512", "data.max_response_length=512"],
+                              patches=["chunked_logprobs"])
+    assert "unfused path is" in small.fix
+
+
+def test_padded_positions_follow_the_models_length_model(tmp_path):
+    """A random-init folder written with the synthetic length model (its marker) makes responses shorter on
+    average: unpadded micro-batches keep their token budget, padded ones hold full-length rows for each."""
+    from rlkit import length_model, models, offline_model
+
+    models.preset_config("qwen3-4b").to_json_file(str(tmp_path / "config.json"))
+    (tmp_path / offline_model.MARKER).write_text(json.dumps({"response_length_mean": 3000}))
+    model = [f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.model.use_remove_padding=False"]
+    f, _ = logits_finding(model)
+    expected = length_model.expected_response_tokens(3000, 10240)  # 2,891 tokens: the cap trims the geometric tail
+    positions = 24576 * (2048 + 10240) / (2048 + expected)
+    assert f"padded to {positions:,.0f} positions" in f.message and f"{positions * V * 8 / GIB:.2f} GiB" in f.message
+    spec = PF.planner_spec_for_overrides(SEED_WORKLOAD + model, gpu_gib=47.4)
+    assert spec.mean_response_tokens == pytest.approx(expected) and not spec.remove_padding

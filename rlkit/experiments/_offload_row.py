@@ -186,12 +186,74 @@ def _allocated_gib(device: torch.device) -> float | None:
     return torch.cuda.memory_allocated() / GIB
 
 
+def _determinism(config: dict[str, Any]) -> dict[str, Any]:
+    from rlkit import determinism
+
+    return determinism.enable(config["seed"]) if config["deterministic"] else determinism.settings(seed=config["seed"])
+
+
+TRAIN_LR = 1e-3  # the one AdamW step after the reload (torch's defaults otherwise)
+
+
+def train_step(fsdp, input_ids: torch.Tensor) -> float:
+    """One optimizer step of the reloaded model (causal-LM loss on ``input_ids``, torch AdamW): what the
+    actor does right after verl reloads it. Returns the loss."""
+    fsdp.train()
+    optimizer = torch.optim.AdamW(fsdp.parameters(), lr=TRAIN_LR)
+    loss = fsdp(input_ids=input_ids, labels=input_ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    fsdp.eval()
+    return float(loss.detach())
+
+
+def after_reload(fsdp, input_ids: torch.Tensor, row: dict[str, Any], *, repeat: bool) -> dict[str, Any]:
+    """What the reloaded model computes: logits, then one train step, then logits and weights again.
+
+    Returns ``{"row": tensors, "repeat": tensors or None}`` with ``logits_after_reload``,
+    ``logits_after_step`` and ``weight_probes`` (:func:`rlkit.determinism.probe` of every flat parameter
+    after the step); ``row`` gets the train loss and the exact int64 checksums of the weights after the
+    step (``weight_checksums_after_step``). With ``repeat`` the same work runs a second time from the same
+    weights (restored bit for bit, a fresh optimizer): the unpatched computation against itself on this
+    device, the yardstick for the fixed row's difference from it.
+    """
+    from rlkit import determinism
+    from rlkit.optim.host_adamw import _bit_checksum
+
+    flat_params = [h.flat_param for h in fsdp_handles(fsdp)]
+    start = [p.detach().clone() for p in flat_params] if repeat else None
+    out: dict[str, Any] = {"row": {}, "repeat": {} if repeat else None}
+    for name, tensors in out.items():
+        if tensors is None:
+            continue
+        if name == "repeat":
+            with torch.no_grad():
+                for p, saved in zip(flat_params, start):
+                    p.copy_(saved)
+        with torch.no_grad():
+            tensors["logits_after_reload"] = fsdp(input_ids=input_ids).logits.float().cpu()
+        loss = train_step(fsdp, input_ids)
+        with torch.no_grad():
+            tensors["logits_after_step"] = fsdp(input_ids=input_ids).logits.float().cpu()
+        tensors["weight_probes"] = [determinism.probe(p) for p in flat_params]
+        checksums = [int(_bit_checksum(p.detach())) for p in flat_params]
+        if name == "row":
+            row["train_loss"], row["weight_checksums_after_step"] = loss, checksums
+        else:
+            row["repeat_train_loss"], row["repeat_weight_checksums_after_step"] = loss, checksums
+    return out
+
+
 def offload_row(config: dict[str, Any]) -> dict[str, Any]:
+    """One row: wrap, (forward,) offload, reload, then :func:`after_reload` (an unfixed row twice)."""
     from torch.distributed.fsdp import ShardingStrategy
 
+    from rlkit import determinism
     from rlkit.models import build_random_model
     from rlkit.patches import offload_views
 
+    settings = _determinism(config)
     device = torch.device("cuda", 0) if config["device"] == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -213,6 +275,7 @@ def offload_row(config: dict[str, Any]) -> dict[str, Any]:
                           sharding_strategy=ShardingStrategy.NO_SHARD)
         model_gib = sum(h.flat_param.numel() * h.flat_param.element_size() for h in fsdp_handles(fsdp)) / GIB
         row: dict[str, Any] = {
+            "status": "ok",
             "use_orig_params": config["use_orig_params"],
             "forward_first": config["forward_first"],
             "fix": config["fix"],
@@ -225,6 +288,7 @@ def offload_row(config: dict[str, Any]) -> dict[str, Any]:
             "offload_impl": offload_impl,
             "reload_impl": reload_impl,
             "emulated_device_move": device.type == "cpu",
+            "determinism": settings,
         }
         input_ids = token_batch(vocab_size, 1, config["forward_tokens"], config["seed"] + 1, device)
         if config["forward_first"]:
@@ -238,11 +302,10 @@ def offload_row(config: dict[str, Any]) -> dict[str, Any]:
         reload(fsdp)
         row["after_reload_gib"] = _allocated_gib(device)
         row["after_reload"] = view_report(fsdp)
-        # The round trip must not change what the model computes: the parent compares these logits
-        # across rows (fix off vs on) for bit-equality.
-        with torch.no_grad():
-            logits = fsdp(input_ids=input_ids).logits.float().cpu()
-        torch.save(logits, config["logits_path"])
+        # The round trip must not change what the model computes, nor how it trains: the parent compares
+        # these across rows (fix off vs on) for bit-equality, and an unfixed row against its own repeat.
+        with determinism.recording_nondeterministic_op(row):
+            torch.save(after_reload(fsdp, input_ids, row, repeat=not config["fix"]), config["tensors_path"])
         row["patches_active"] = offload_views.active()
         offload_views.revert()
     dist.destroy_process_group()
@@ -257,6 +320,7 @@ def grad_sync(config: dict[str, Any]) -> dict[str, Any] | None:
     from rlkit.patches.no_shard import sharding_strategy_for_mesh
 
     device_type = config["device"]
+    settings = _determinism(config)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -287,6 +351,7 @@ def grad_sync(config: dict[str, Any]) -> dict[str, Any] | None:
         "max_abs_grad": grads.abs().max().item(),
         "rank_losses": [x.item() for x in losses],
         "grad_numel": grads.numel(),
+        "determinism": settings,
     }
     dist.barrier()  # no rank tears gloo down while its peer is still communicating
     dist.destroy_process_group()

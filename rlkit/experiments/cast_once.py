@@ -17,7 +17,10 @@ the fp32 bytes they read (:class:`rlkit.cast_count.CastCounter`), the loss, int6
 raw bits of every flat-parameter gradient, and (B, D) max |resident bf16 copy - bf16(current master)|
 measured after forward/backward and before the optimizer step; at step 2 it proves the copy was
 re-cast from the updated master. After the last step the fp32 masters are checksummed too. Every
-arm runs in a fresh process; parity with A is exact equality of losses and checksums.
+arm runs in a fresh process; parity with A is exact equality of losses and checksums. Arm A then runs a
+second time (``baseline_repeat``): ``metrics["determinism"]`` puts each arm's max abs differences from A
+(loss, grad norm, and probes of the gradients and final masters, :func:`rlkit.determinism.probe`) next
+to A's from its repeat, and ``deterministic`` runs every arm in :func:`rlkit.determinism.enable`'s mode.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit import determinism
 from rlkit.params import ParamError, as_dict
 
 NOTEBOOK = "03_cast_once"
@@ -56,7 +60,7 @@ class Config:
     host_impl: str  # HostAdamW kernel: fused | foreach | forloop
     host_threads: int  # CPU threads for the host step; 0 = all cores
     memory_cap_gib: float  # per-process device memory cap in GiB (emulates a 48 GB card); 0 = none
-    deterministic: bool  # torch.use_deterministic_algorithms in every arm, so A-vs-X parity is meaningful on GPU
+    deterministic: bool  # rlkit.determinism.enable in every arm (raising mode), so A-vs-X parity is meaningful on GPU
     arm_timeout_s: float  # wall-clock limit per arm process
     seed: int  # model init and batch seed
 
@@ -90,26 +94,45 @@ class Config:
 
 
 # ---------------------------------------------------------------------------------------- orchestration
+REPEAT = "A repeated"  # the reference arm run a second time: the yardstick of every parity check
+
+
 def run(cfg: Config) -> dict[str, Any]:
-    """Run every arm in a fresh process; return the metrics dict (``config``, ``arms``, ``summary``)."""
+    """Run every arm, then arm A once more, each in a fresh process; return the metrics dict
+    (``config``, ``arms``, ``baseline_repeat``, ``summary``, ``determinism``)."""
+    import tempfile
+
+    import torch
+
     from rlkit.launch import LaunchError, run_module
 
     config = as_dict(cfg)
-    # cuBLAS needs this before its first handle for deterministic results (used when deterministic=True).
-    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if cfg.deterministic else {}
-    arms = []
-    for arm in cfg.arms:
-        try:
-            row = run_module("rlkit.experiments.cast_once", {"arm": arm, "config": config}, env=env, timeout=cfg.arm_timeout_s)
-        except LaunchError as err:
-            row = {"arm": arm, "status": "failed", "error": str(err)[-2000:]}
-        except subprocess.TimeoutExpired:
-            row = {"arm": arm, "status": "timeout", "error": f"no result within arm_timeout_s={cfg.arm_timeout_s}"}
-        row["label"] = ARMS[arm]["label"]
-        arms.append(row)
-        print(f"[cast_once] arm {arm}: {row['status']}", file=sys.stderr)
-    compare_with_reference(arms)
-    return {"config": config, "arms": arms, "summary": summarize(arms)}
+    env = determinism.child_env(cfg.deterministic)  # cuBLAS reads it at its first handle, before any arm's work
+    probes: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="rlkit-cast-once-") as tmp:
+        def launch(arm: str, name: str) -> dict[str, Any]:
+            probe_path = os.path.join(tmp, f"probes-{name.replace(' ', '-')}.pt")
+            message = {"arm": arm, "config": config, "probe_path": probe_path}
+            try:
+                row = run_module("rlkit.experiments.cast_once", message, env=env, timeout=cfg.arm_timeout_s)
+            except LaunchError as err:
+                row = {"arm": arm, "status": "failed", "error": str(err)[-2000:]}
+            except subprocess.TimeoutExpired:
+                row = {"arm": arm, "status": "timeout", "error": f"no result within arm_timeout_s={cfg.arm_timeout_s}"}
+            if row["status"] == "ok":
+                probes[name] = torch.load(probe_path)
+            row["label"] = ARMS[arm]["label"] if name == arm else f"{ARMS[arm]['label']} (repeat)"
+            print(f"[cast_once] {name}: {row['status']}", file=sys.stderr)
+            return row
+
+        arms = [launch(arm, arm) for arm in cfg.arms]
+        repeat = launch("A", REPEAT)
+    compare_with_reference(arms, probes)
+    ref = next((a for a in arms if a["arm"] == "A" and a["status"] == "ok"), None)
+    if ref is not None and repeat["status"] == "ok":
+        repeat["parity_vs_A"] = {**parity(ref, repeat), **probe_parity(probes["A"], probes[REPEAT])}
+    return {"config": config, "arms": arms, "baseline_repeat": repeat, "summary": summarize(arms),
+            "determinism": determinism_summary(arms, repeat)}
 
 
 def parity(ref: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -127,22 +150,59 @@ def parity(ref: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def compare_with_reference(arms: list[dict[str, Any]]) -> None:
-    """Add ``parity_vs_A`` to every finished arm: losses, gradient and final master checksums equal to A's."""
+def probe_parity(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """max |difference| over the probes (:func:`rlkit.determinism.probe`) of every gradient, per step, and of
+    the final masters: a lower bound of the whole tensors' (their exact equality is the checksums')."""
+    return {"grad_probe_max_abs_diff": [determinism.probe_max_abs_diff(r, o)
+                                        for r, o in zip(ref["grads"], other["grads"])],
+            "master_probe_max_abs_diff": determinism.probe_max_abs_diff(ref["masters"], other["masters"])}
+
+
+def compare_with_reference(arms: list[dict[str, Any]], probes: dict[str, dict[str, Any]] | None = None) -> None:
+    """Add ``parity_vs_A`` to every finished arm: losses, gradient and final master checksums equal to A's,
+    and (given the arms' probes) the max abs differences over the probes."""
     ref = next((a for a in arms if a["arm"] == "A" and a["status"] == "ok"), None)
     for row in arms:
         if row["status"] == "ok" and ref is not None:
             row["parity_vs_A"] = parity(ref, row)
+            if probes is not None:
+                row["parity_vs_A"].update(probe_parity(probes["A"], probes[row["arm"]]))
 
 
-def rerun_noise_table(metrics: dict[str, Any], rerun: dict[str, Any]) -> list[dict[str, Any]]:
+CHECKS = (  # (name, key of parity_vs_A): the per-step lists are reduced to their maximum
+    ("loss", "loss_abs_diff"),
+    ("gradients (probe)", "grad_probe_max_abs_diff"),
+    ("grad norm", "grad_norm_abs_diff"),
+    ("masters after the last step (probe)", "master_probe_max_abs_diff"),
+)
+
+
+def determinism_summary(arms: list[dict[str, Any]], repeat: dict[str, Any]) -> dict[str, Any]:
+    """``metrics["determinism"]``: every arm's max abs differences from A next to A's from its repeat."""
+    def worst(row: dict[str, Any] | None, key: str) -> float | None:
+        value = (row or {}).get("parity_vs_A", {}).get(key)
+        return determinism.max_or_none(value if isinstance(value, list) else [value])
+
+    checks = [determinism.check(f"{a['arm']} {name}", worst(a, key), worst(repeat, key))
+              for a in arms if a["arm"] != "A" for name, key in CHECKS]
+    ops = {a["label"]: a["nondeterministic_op"] for a in [*arms, repeat] if a.get("nondeterministic_op")}
+    settings = next((a["determinism"] for a in arms if a.get("determinism")), None)
+    return determinism.summary(checks, settings, ops)
+
+
+def rerun_noise_table(metrics: dict[str, Any], rerun: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Each arm's difference from A next to A's difference from a repeat of itself (same inputs, new process).
 
     Where the baseline is not bit-reproducible (GPU kernels with atomic accumulation), this is the
-    yardstick for an arm's difference from A; on deterministic kernels every entry is exactly 0.
+    yardstick for an arm's difference from A; on deterministic kernels every entry is exactly 0. The
+    repeat is this run's own (``metrics["baseline_repeat"]``) unless ``rerun`` (the metrics of a separate
+    run of arm A, for results recorded before runs repeated A themselves) is given.
     """
-    ref = next(a for a in metrics["arms"] if a["arm"] == "A" and a["status"] == "ok")
-    repeat = next(a for a in rerun["arms"] if a["arm"] == "A" and a["status"] == "ok")
+    ref = next((a for a in metrics["arms"] if a["arm"] == "A" and a["status"] == "ok"), None)
+    source = rerun["arms"] if rerun is not None else [metrics.get("baseline_repeat") or {}]
+    repeat = next((a for a in source if a.get("arm") == "A" and a.get("status") == "ok"), None)
+    if ref is None or repeat is None:
+        return []  # nothing to compare: no finished arm A, or no finished repeat of it
     rows = [{"arm": "A repeated", **parity(ref, repeat)}]
     rows += [{"arm": a["arm"], **a["parity_vs_A"]} for a in metrics["arms"] if a["arm"] != "A" and "parity_vs_A" in a]
     return rows
@@ -224,11 +284,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     spec = ARMS[arm]
     info = U.init_distributed(U.resolve_device_kind(cfg.device))
     torch.set_num_threads(cfg.host_threads or os.cpu_count() or 1)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        # Deterministic mode would also NaN-fill every new allocation (pinned masters, staging, the
-        # re-allocated bf16 copy): a cost that is not part of any arm.
-        torch.utils.deterministic.fill_uninitialized_memory = False
+    settings = determinism.enable(cfg.seed) if cfg.deterministic else determinism.settings(seed=cfg.seed)
     if cfg.memory_cap_gib and info.device.type == "cuda":
         total = torch.cuda.get_device_properties(info.device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_cap_gib * GIB / total), info.device)
@@ -249,14 +305,15 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "arm": arm, "status": "ok", "device": str(info.device), "patches": patches.active(),
         "num_flat_params": len(params), "num_params": sum(p.numel() for p in params),
-        "micro_batches": cfg.micro_batches, "steps": [],
+        "micro_batches": cfg.micro_batches, "steps": [], "determinism": settings,
         "device_allocated_before_step1_gib": torch.cuda.memory_allocated(info.device) / GIB
         if info.device.type == "cuda" else 0.0,
     }
     counter = CastCounter()
     stage = "fwd_bwd"
+    probes: dict[str, Any] = {"grads": [], "masters": []}  # for max abs differences between arms (parent)
     try:
-        with counter.active():
+        with counter.active(), determinism.recording_nondeterministic_op(result):
             for step in range(1, cfg.steps + 1):
                 batch = U.make_minibatch(model.config.vocab_size, cfg.num_sequences, cfg.seq_len, seed=cfg.seed + step)
                 timer = PhaseTimer()
@@ -265,6 +322,7 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
                 # Checks between backward and the step, outside the timed phases.
                 resident_diff = cast_once.resident_vs_master_max_abs_diff(model) if spec["cast_once"] else None
                 grad_checksums = [int(_bit_checksum(p.grad)) for p in params]
+                probes["grads"].append([determinism.probe(p.grad) for p in params])
                 grad_norm = sum(float(torch.linalg.vector_norm(p.grad)) ** 2 for p in params) ** 0.5
                 stage = "optimizer_step"
                 optimizer.timer = None  # one "optimizer" phase; nested phases would reset the peak counter
@@ -298,6 +356,8 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     if result["status"] == "ok":
         sources = [masters.host_master(h) for h in masters.handles] if masters is not None else params
         result["master_checksums"] = [int(_bit_checksum(t.detach())) for t in sources]
+        probes["masters"] = [determinism.probe(t) for t in sources]
+        torch.save(probes, message["probe_path"])
     result["host_peak_rss_gib"] = host_peak_rss_gib()
     result["host_master_gib"] = masters.host_bytes() / GIB if masters is not None else 0.0
     patches.revert_all()

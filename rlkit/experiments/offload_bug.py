@@ -3,7 +3,11 @@
 Part 1 (memory rows): a random-init Qwen3 wrapped like verl's actor (FSDP1 NO_SHARD, bf16/fp32/fp32
 mixed precision) is offloaded and reloaded with verl's loop (``handle.flat_param_to``). Each row of
 use_orig_params x forward_first x fix runs in a fresh process and records device memory after wrap,
-offload and reload (CUDA), plus where the module's parameter views point (every device).
+offload and reload (CUDA), plus where the module's parameter views point (every device). After the
+reload the row computes logits, takes one AdamW step and computes logits and weights again: every fixed
+row must equal its unfixed twin, and each unfixed row does that work twice from the same weights, so
+that a difference can be read against the unpatched computation's own (``metrics["determinism"]``;
+``deterministic`` turns on :func:`rlkit.determinism.enable` in every row).
 
 Part 2 (grad sync): two ranks on verl's (2, 1) mesh, different micro-batches, FSDP1 with the strategy
 verl asks for (HYBRID_SHARD, clamped by FSDP to NO_SHARD over one rank) or the fixed one (NO_SHARD
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit import determinism
 from rlkit.experiments import experiment_main
 from rlkit.launch import run_module
 from rlkit.params import ParamError
@@ -45,6 +50,7 @@ class Config:
     grad_sync_device: str             # "auto" (cuda with 2+ GPUs, else cpu), "cuda" or "cpu"
     grad_sync_batch: int              # sequences per rank in the gradient check
     grad_sync_tokens: int             # tokens per sequence in the gradient check
+    deterministic: bool               # rlkit.determinism.enable in every row and rank (raising mode)
 
     def __post_init__(self) -> None:
         from rlkit.models import PRESETS
@@ -79,30 +85,76 @@ def _flatten_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _row_env(cfg: Config) -> dict[str, str]:
+    return {**NO_PLUGIN_PATCHES, **determinism.child_env(cfg.deterministic)}
+
+
+# What each row leaves for the parent to compare (``_offload_row.after_reload``): the name of the column
+# ``<name>_vs_unfixed`` (``<name>_vs_repeat`` for an unfixed row against its own repeat) and the max abs
+# difference of two runs' tensors.
+COMPARED = {
+    "logits_max_abs_diff": lambda a, b: (a["logits_after_reload"] - b["logits_after_reload"]).abs().max().item(),
+    "logits_after_step_max_abs_diff": lambda a, b: (a["logits_after_step"] - b["logits_after_step"]).abs().max().item(),
+    "weights_after_step_max_abs_diff": lambda a, b: determinism.probe_max_abs_diff(a["weight_probes"],
+                                                                                   b["weight_probes"]),
+}
+
+
+def _compare(row: dict[str, Any], mine: dict | None, other: dict | None, suffix: str, other_checksums) -> None:
+    """``row[<compared>_<suffix>]`` and ``row[weights_after_step_equal_<suffix>]`` (None where a run is missing)."""
+    for name, diff in COMPARED.items():
+        row[f"{name}_{suffix}"] = None if mine is None or other is None else diff(mine, other)
+    row[f"weights_after_step_equal_{suffix}"] = (
+        None if mine is None or other is None else row["weight_checksums_after_step"] == other_checksums)
+
+
 def run_memory_rows(cfg: Config) -> list[dict[str, Any]]:
+    """The grid's rows, each compared with the unfixed row of its (use_orig_params, forward_first); an
+    unfixed row also with its own repeat (the unpatched computation against itself)."""
     import torch
 
     if cfg.device == "cuda" and _cuda_device_count() < 1:
         raise ParamError("device='cuda' but no CUDA GPU is visible. Fix: use --profile tiny or -p device=cpu")
-    rows, logits = [], {}
+    rows, tensors = [], {}
     with tempfile.TemporaryDirectory(prefix="rlkit-offload-") as tmp:
         grid = list(itertools.product(cfg.use_orig_params, cfg.forward_first, cfg.fix))
         for i, (uop, forward_first, fix) in enumerate(grid):
             print(f"row {i + 1}/{len(grid)}: use_orig_params={uop} forward_first={forward_first} fix={fix}", flush=True)
-            logits_path = str(Path(tmp) / f"logits-{i}.pt")
+            tensors_path = str(Path(tmp) / f"tensors-{i}.pt")
             row = run_module(CHILD, {
                 "task": "offload_row", "model": cfg.model, "device": cfg.device, "seed": cfg.seed,
                 "forward_tokens": cfg.forward_tokens, "use_orig_params": uop, "forward_first": forward_first,
-                "fix": fix, "logits_path": logits_path,
-            }, env=NO_PLUGIN_PATCHES)
-            logits[(uop, forward_first, fix)] = torch.load(logits_path)
+                "fix": fix, "tensors_path": tensors_path, "deterministic": cfg.deterministic,
+            }, env=_row_env(cfg))
+            tensors[(uop, forward_first, fix)] = torch.load(tensors_path) if row["status"] == "ok" else None
             rows.append(_flatten_row(row))
-    # The fix must not change what the reloaded model computes: compare with the unfixed twin row.
     for row in rows:
-        twin = logits.get((row["use_orig_params"], row["forward_first"], False))
-        mine = logits[(row["use_orig_params"], row["forward_first"], row["fix"])]
-        row["logits_max_abs_diff_vs_unfixed"] = None if twin is None else (mine - twin).abs().max().item()
+        key = (row["use_orig_params"], row["forward_first"])
+        mine, twin = tensors[(*key, row["fix"])], tensors.get((*key, False))
+        twin_row = next((r for r in rows if (r["use_orig_params"], r["forward_first"], r["fix"]) == (*key, False)), {})
+        _compare(row, mine and mine["row"], twin and twin["row"], "vs_unfixed", twin_row.get("weight_checksums_after_step"))
+        if not row["fix"]:
+            _compare(row, mine and mine["row"], mine and mine["repeat"], "vs_repeat",
+                     row.get("repeat_weight_checksums_after_step"))
     return rows
+
+
+def determinism_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``metrics["determinism"]``: each fixed row against its unfixed twin, next to that twin against its repeat."""
+    unfixed = {(r["use_orig_params"], r["forward_first"]): r for r in rows if not r["fix"]}
+    checks = []
+    for row in rows:
+        if not row["fix"]:
+            continue
+        twin = unfixed.get((row["use_orig_params"], row["forward_first"]), {})
+        for name, label in (("logits_max_abs_diff", "logits after reload"),
+                            ("logits_after_step_max_abs_diff", "logits after one train step"),
+                            ("weights_after_step_max_abs_diff", "weights after one train step (probe)")):
+            checks.append(determinism.check(f"{row_label(row)}: {label}", row.get(f"{name}_vs_unfixed"),
+                                            twin.get(f"{name}_vs_repeat")))
+    ops = {row_label(r): r["nondeterministic_op"] for r in rows if r.get("nondeterministic_op")}
+    settings = next((r["determinism"] for r in rows if r.get("determinism")), None)
+    return determinism.summary(checks, settings, ops)
 
 
 def run_grad_sync(cfg: Config) -> dict[str, Any]:
@@ -120,8 +172,8 @@ def run_grad_sync(cfg: Config) -> dict[str, Any]:
         print(f"grad sync: fix={fix}, {model} on {device}", flush=True)
         runs["with_fix" if fix else "without_fix"] = run_module(CHILD, {
             "task": "grad_sync", "model": model, "device": device, "seed": cfg.seed, "fix": fix,
-            "batch": cfg.grad_sync_batch, "tokens": cfg.grad_sync_tokens,
-        }, nproc=2, env=NO_PLUGIN_PATCHES)
+            "batch": cfg.grad_sync_batch, "tokens": cfg.grad_sync_tokens, "deterministic": cfg.deterministic,
+        }, nproc=2, env=_row_env(cfg))
     return {
         "backend": "nccl" if device == "cuda" else "gloo",
         "device": device,
@@ -143,6 +195,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "model_gib": rows[0]["model_gib"],
         "memory_measured": cfg.device == "cuda",
         "rows": rows,
+        "determinism": determinism_summary(rows),
         "grad_sync": run_grad_sync(cfg),
     }
 
@@ -171,7 +224,8 @@ def rows_table(metrics: dict[str, Any]):
 
     columns = [*ROW_KEYS, "model_gib", "after_wrap_gib", "after_offload_gib", "after_reload_gib",
                "views_before_offload", "views_stale_after_offload", "stale_view_gib_after_offload",
-               "views_stale_after_reload", "view_dtypes_before_offload", "logits_max_abs_diff_vs_unfixed"]
+               "views_stale_after_reload", "view_dtypes_before_offload", "logits_max_abs_diff_vs_unfixed",
+               "logits_after_step_max_abs_diff_vs_unfixed", "weights_after_step_equal_vs_unfixed"]
     table = pd.DataFrame([{k: row.get(k) for k in columns} for row in metrics["rows"]])
     if not metrics["memory_measured"]:
         table = table.drop(columns=["after_wrap_gib", "after_offload_gib", "after_reload_gib"])
@@ -250,6 +304,11 @@ def findings(metrics: dict[str, Any]) -> str:
     if diffs:
         lines.append(f"- The fix does not change the computation: max |logits(fix) - logits(no fix)| after the round "
                      f"trip = {max(diffs):.1e} over {len(diffs)} row pairs.")
+    stepped = [r for r in metrics["rows"] if r["fix"] and r.get("logits_after_step_max_abs_diff_vs_unfixed") is not None]
+    if stepped:
+        lines.append(f"- Nor how the reloaded model trains: after one AdamW step max |logits(fix) - logits(no fix)| = "
+                     f"{max(r['logits_after_step_max_abs_diff_vs_unfixed'] for r in stepped):.1e}, weights bit-identical "
+                     f"in {sum(bool(r['weights_after_step_equal_vs_unfixed']) for r in stepped)} of {len(stepped)} row pairs.")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlkit.budget import (DEVICE_COMPONENTS, GIB, LOGITS_BYTES, PHASES, RLKIT_OPTIONS, UPDATE_ENTROPY_BYTES, PlanSpec,
                           cost_per_million_samples, format_plan, plan, run_cost, with_options)
-from rlkit.model_shape import preset_name, presets
+from rlkit.model_shape import presets
 from rlkit.params import ParamError
 
 NOTEBOOK = "00_phase_budget"
@@ -219,40 +219,6 @@ def phase_bar_figure(plans: Mapping[str, Mapping[str, Any]], gpu_gib: float, tit
     return fig
 
 
-def planner_form(cfg: Config):
-    """An ipywidgets form over the planner, starting from ``cfg``: change a value, read the new plan."""
-    import ipywidgets as W
-
-    base = cfg.spec("")
-    controls = {
-        "model": W.Dropdown(options=sorted(presets()), value=preset_name(base.model) or base.model, description="model"),
-        "gpu_gib": W.FloatText(value=base.gpu_gib, description="GPU GiB"),
-        "n_gpus": W.IntText(value=base.n_gpus, description="GPUs"),
-        "gpu_memory_utilization": W.FloatSlider(value=base.gpu_memory_utilization, min=0.05, max=1.0, step=0.05,
-                                                description="util"),
-        "micro_batch_tokens": W.IntText(value=base.micro_batch_tokens, description="µbatch tok"),
-        "lora_rank": W.IntText(value=base.lora_rank, description="LoRA rank"),
-        "logits_path": W.Dropdown(options=sorted(LOGITS_BYTES), value=base.logits_path, description="logits"),
-    }
-    toggles = {o: W.Checkbox(value=False, description=o) for o in RLKIT_OPTIONS}
-    out = W.Output()
-
-    def update(_=None):
-        out.clear_output()
-        with out:
-            try:
-                values = {k: w.value for k, w in controls.items()}
-                spec = replace(base, **values, log_prob_micro_batch_tokens=values["micro_batch_tokens"])
-                print(format_plan(plan(with_options(spec, [o for o, w in toggles.items() if w.value]))))
-            except ParamError as err:
-                print(f"error: {err}")
-
-    for w in [*controls.values(), *toggles.values()]:
-        w.observe(update, names="value")
-    update()
-    return W.VBox([W.HBox([W.VBox(list(controls.values())), W.VBox(list(toggles.values()))]), out])
-
-
 # ---------------------------------------------------------------------------------------------------
 # Command line: ``rlkit budget``
 
@@ -285,6 +251,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--cudagraph-gib", type=float, default=d.cudagraph_gib)
     g.add_argument("--non-torch-gib", type=float, default=d.non_torch_gib)
     g.add_argument("--logits-path", default=d.logits_path, choices=sorted(LOGITS_BYTES))
+    g.add_argument("--logits-chunk-rows", type=int, default=d.logits_chunk_rows,
+                   help="rows per chunk on a chunked logits path (0 = the path's own)")
+    g.add_argument("--remove-padding", action="store_true",
+                   help="verl use_remove_padding: micro-batches hold their actual tokens (default: padded)")
+    g.add_argument("--mean-response-tokens", type=float, default=d.mean_response_tokens,
+                   help="expected response length (0 = --response-len): with padding, rows padded to the longest")
     g.add_argument("--update-entropy", default=d.update_entropy, choices=list(UPDATE_ENTROPY_BYTES),
                    help="entropy in the update: none, detached (forward only), backprop (recomputed in backward)")
     g.add_argument("--host-gib", type=float, default=d.host_gib, help="host memory per node (0 = unchecked)")
@@ -305,7 +277,8 @@ def spec_from_args(ns: argparse.Namespace) -> PlanSpec:
         lora_rank=ns.lora_rank, gradient_checkpointing=not ns.no_grad_ckpt, param_offload=not ns.no_param_offload,
         optimizer_offload=not ns.no_optimizer_offload, cudagraph_gib=ns.cudagraph_gib,
         non_torch_gib=ns.non_torch_gib, logits_path=ns.logits_path, update_entropy=ns.update_entropy,
-        host_gib=ns.host_gib,
+        host_gib=ns.host_gib, logits_chunk_rows=ns.logits_chunk_rows, remove_padding=ns.remove_padding,
+        mean_response_tokens=ns.mean_response_tokens,
     )
     return with_options(spec, ns.options)
 

@@ -11,6 +11,8 @@ FSDP actor runs it) and one batch split into identical micro-batches, this measu
   the whole padded batch (verl's driver), the served ones per micro-batch (the loss);
 - the PPO loss and every gradient with the skip vs without it on the same batch (and a rerun of the
   unskipped arm: the run-to-run floor of the device's backward);
+- for every check, the unskipped run against a repeat of itself (the first and the last old pass, the
+  rerun of the update): ``metrics["determinism"]`` puts each difference next to that spread;
 - the time and peak memory of the old-log-prob pass, and of what replaces it (a placeholder copy).
 
 verl's own functions are used when verl imports (``logprobs_from_logits``, ``entropy_from_logits``,
@@ -21,7 +23,6 @@ no verl) local copies of them; ``metrics["implementation"]`` says which ran.
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,7 +49,8 @@ class Config:
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float  # dual-clip bound (verl default 3.0)
-    timing_repeats: int  # old-log-prob passes timed (after one warm-up micro-batch)
+    timing_repeats: int  # old-log-prob passes timed (after one warm-up micro-batch); the first and last are compared
+    deterministic: bool  # rlkit.determinism.enable in the measuring process (raising mode), so diffs are not noise
     seed: int
 
     def __post_init__(self) -> None:
@@ -241,24 +243,48 @@ def _masked_max_abs_diff(a, b, mask) -> float:
     return float(torch.where(mask.bool(), (a.float() - b.float()).abs(), 0.0).max())
 
 
+# (check, key of the skip's difference, key of the unskipped run's difference from a repeat of itself)
+CHECKS = (
+    ("served log-probs vs old pass", "served_vs_old_log_prob_max_abs_diff", "old_log_prob_repeat_max_abs_diff"),
+    ("entropy, update forward vs old pass", "entropy_update_vs_old_pass_max_abs_diff", "old_entropy_repeat_max_abs_diff"),
+    ("IS weights, token", "is_weights_token_max_abs_diff", "is_weights_token_repeat_max_abs_diff"),
+    ("IS weights, sequence", "is_weights_sequence_max_abs_diff", "is_weights_sequence_repeat_max_abs_diff"),
+    ("PPO loss", "loss_abs_diff", "loss_rerun_abs_diff"),
+    ("gradients", "grad_max_abs_diff", "grad_rerun_max_abs_diff"),
+)
+
+
 def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
-    """The measurement (runs in a fresh process; tests call it directly with ``prefer_verl=False``)."""
+    """The measurement (runs in a fresh process; tests call it directly with ``prefer_verl=False``).
+
+    With ``deterministic`` the process runs in :func:`rlkit.determinism.enable`'s mode; an op torch refuses
+    there ends the measurement with ``status="nondeterministic_op"`` and the op's name.
+    """
+    from rlkit import determinism
+
     cfg = Config(**config)
-    if cfg.device == "cuda":
-        # Deterministic kernels where torch has them, so the gradient comparison is not run-to-run noise.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    settings = determinism.enable(cfg.seed) if cfg.deterministic else determinism.settings(seed=cfg.seed)
+    kernels = Kernels(cfg, prefer_verl=prefer_verl)
+    result: dict[str, Any] = {"status": "ok", "implementation": kernels.describe()}
+    with determinism.recording_nondeterministic_op(result):
+        result.update(_measure(cfg, kernels))
+    bits = result.get("bit_exactness", {})
+    checks = [determinism.check(name, bits.get(diff), bits.get(spread)) for name, diff, spread in CHECKS]
+    ops = {"measure": result["nondeterministic_op"]} if "nondeterministic_op" in result else {}
+    result["determinism"] = determinism.summary(checks, settings, ops)
+    return result
+
+
+def _measure(cfg: Config, kernels: Kernels) -> dict[str, Any]:
     import torch
 
     from rlkit.measure import PhaseTimer
     from rlkit.models import build_random_model, count_parameters
 
-    if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda but no CUDA device is visible; fix: run the tiny profile or on a GPU")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is visible; fix: run the tiny profile or on a GPU")
     device = torch.device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
-    kernels = Kernels(cfg, prefer_verl=prefer_verl)
     model = build_random_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
                                attn_implementation=cfg.attn_implementation, use_cache=False)
     if cfg.gradient_checkpointing:
@@ -295,9 +321,14 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
         model.eval()
         with torch.no_grad():
             forward(slice(0, cfg.micro_batch_size), with_entropy=True)
+    passes = []  # the first and the last pass: the unskipped old pass against a repeat of itself
     for _ in range(cfg.timing_repeats):
         with timer.phase("old_log_prob"):
-            old_log_probs, old_entropy = old_log_prob_pass(cfg.micro_batch_size)
+            passes = [*passes[:1], old_log_prob_pass(cfg.micro_batch_size)]
+    if len(passes) == 1:
+        passes.append(old_log_prob_pass(cfg.micro_batch_size))  # untimed
+    (first_log_probs, first_entropy), (old_log_probs, old_entropy) = passes
+    del passes
     alt_diff = None
     if cfg.alt_micro_batch_size:
         with timer.phase("old_log_prob_alt_micro_batch"):
@@ -313,6 +344,10 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
     # Decoupled mode: verl's driver computes the IS weights once over the whole padded batch.
     decoupled_weights = {
         level: kernels.is_weights(old_log_probs - rollout_log_probs, mask, level) for level in ("token", "sequence")
+    }
+    repeat_weights_diff = {  # the same weights from the first old pass: what the unskipped run varies by
+        level: _masked_max_abs_diff(kernels.is_weights(first_log_probs - rollout_log_probs, mask, level),
+                                    decoupled_weights[level], mask) for level in ("token", "sequence")
     }
 
     params = [q for q in model.parameters() if q.requires_grad]
@@ -366,7 +401,6 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
     seconds = {k: timer.seconds[k] / timer.counts[k] for k in timer.seconds}
     env_gpu = torch.cuda.get_device_name(0) if cfg.device == "cuda" else None
     return {
-        "implementation": kernels.describe(),
         "setup": {
             "model": cfg.model, "parameters": count_parameters(model), "device": cfg.device, "gpu": env_gpu,
             "dtype": cfg.dtype, "attn_implementation": cfg.attn_implementation,
@@ -383,6 +417,10 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
             "actor_entropy_old_pass": mean_entropy(old_entropy),
             "actor_entropy_update_forward": mean_entropy(skip["entropy"]),
             "alt_micro_batch_old_log_prob_max_abs_diff": alt_diff,
+            "old_log_prob_repeat_max_abs_diff": _masked_max_abs_diff(first_log_probs, old_log_probs, mask),
+            "old_entropy_repeat_max_abs_diff": _masked_max_abs_diff(first_entropy, old_entropy, mask),
+            "is_weights_token_repeat_max_abs_diff": repeat_weights_diff["token"],
+            "is_weights_sequence_repeat_max_abs_diff": repeat_weights_diff["sequence"],
             "is_weights_token_max_abs_diff": _masked_max_abs_diff(
                 skip["weights"]["token"], decoupled_weights["token"], mask),
             "is_weights_sequence_max_abs_diff": _masked_max_abs_diff(
@@ -414,11 +452,12 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Measure in a fresh process, then add the guard's verdicts (pure config logic, no verl needed)."""
-    from rlkit import onpolicy
+    from rlkit import determinism, onpolicy
     from rlkit.launch import run_module
     from rlkit.params import as_dict
 
-    metrics = run_module(__name__ if __name__ != "__main__" else "rlkit.experiments.skip_old_logprob", as_dict(cfg))
+    module = __name__ if __name__ != "__main__" else "rlkit.experiments.skip_old_logprob"
+    metrics = run_module(module, as_dict(cfg), env=determinism.child_env(cfg.deterministic))
     metrics["guard"] = onpolicy.guard_examples()
     metrics["overrides"] = onpolicy.onpolicy_overrides(onpolicy.reference_config())
     metrics["metrics_with_skip"] = onpolicy.METRICS_WITH_SKIP
