@@ -76,8 +76,9 @@ def cast_once_section(m: dict) -> list[str]:
                      f"{r['bytes_read_per_step'] / GIB:.2f} |")
     lines += ["", f"D vs A: {d['peak_saving_gib']:.2f} GiB lower peak, step time x{d['step_time_ratio']:.3f}; "
               f"resident bf16 copy equal to a fresh cast of the master at every step: {m['summary']['resident_copy_fresh']}. "
-              "On the GPU the baseline itself is not bit-reproducible (see notebook 03 and "
-              "`outputs/03_cast_once/h200-rerun-A/`); on the CPU every arm is bit-identical to A."]
+              "With the GPU's default kernels the baseline does not reproduce itself (see notebook 03 and "
+              "`outputs/03_cast_once/h200-rerun-A/`); in deterministic mode every arm is bit-identical to A on the GPU "
+              "too (the determinism table below), as on the CPU."]
     return lines
 
 
