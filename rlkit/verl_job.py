@@ -98,7 +98,14 @@ def compose_verl_config(overrides: list[str]):
 
 
 def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
-    """Inside a process that imported verl: compose + verl's validate_config + config dataclasses."""
+    """Inside a process that imported verl: compose + verl's validate_config + config dataclasses.
+
+    ``import verl`` applies the torch-level patches; the verl-level ones wait for the modules they change
+    (the FSDP engine, the workers, the loss registry), which a config check never imports. So that the
+    check also shows every selected patch applying to this verl, it imports those modules
+    (:func:`rlkit.patches.import_targets`) as an actor worker would; ``active_patches`` is then the whole
+    selection, and ``deferred_patches`` the ones that waited for that import.
+    """
     import verl  # noqa: F401 - loads the rlkit plugin through verl's entry points
     from omegaconf import OmegaConf
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -106,6 +113,7 @@ def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
 
     from rlkit import patches
 
+    deferred = patches.import_targets()
     config = compose_verl_config(overrides)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     checked = []
@@ -114,7 +122,8 @@ def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
         node = OmegaConf.select(config, section)
         omega_conf_to_dataclass(node)
         checked.append(section)
-    return {"validated_sections": checked, "active_patches": patches.active(),
+    return {"validated_sections": checked, "active_patches": patches.active(), "deferred_patches": deferred,
+            "pending_patches": [p.name for p in patches.pending()],
             "use_reference_policy": bool(need_reference_policy(config)), "use_critic": bool(need_critic(config))}
 
 
@@ -138,9 +147,11 @@ def verify_subprocess(recipe, overrides: list[str], out_dir: Path, timeout: floa
     result = json.loads(result_path.read_text())
     records = check_plugin_records(record_dir, recipe.patches)
     result["plugin_records"] = records
-    if sorted(result["active_patches"]) != sorted(recipe.patches):  # active() lists them in registry order
-        raise RuntimeError(f"verl process has active patches {result['active_patches']}, recipe asked for "
-                           f"{list(recipe.patches)}")
+    if sorted(result["active_patches"]) != sorted(recipe.patches) or result["pending_patches"]:
+        # active() lists them in registry order
+        raise RuntimeError(f"verl process has active patches {result['active_patches']} and "
+                           f"{result['pending_patches']} still pending after importing their targets, recipe "
+                           f"asked for {list(recipe.patches)}")
     return result
 
 
@@ -160,11 +171,21 @@ def read_plugin_records(record_dir: str | os.PathLike) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(path.glob("*.json"))] if path.exists() else []
 
 
-def check_plugin_records(record_dir: str | os.PathLike, expected, *, require_worker: bool = False) -> list[dict]:
-    """Every recorded verl process applied exactly ``expected``; raise naming each offender otherwise.
+def _unapplied(record: dict) -> list[str]:
+    """What a record's process had not applied when it last wrote: selected patches, the master_on_host wiring
+    and the instruments, each applied when the process imports its targets."""
+    state = record.get("state") or {}
+    return list(dict.fromkeys([*(record.get("pending") or []), *(n for n, s in state.items() if s != "applied")]))
 
-    ``require_worker``: after a real launch at least one Ray worker must have recorded (the actors
-    import verl, so a missing worker record means the plugin never loaded there).
+
+def check_plugin_records(record_dir: str | os.PathLike, expected, *, require_worker: bool = False) -> list[dict]:
+    """Every recorded verl process took exactly ``expected``, each patch applied or still waiting for its
+    target modules (the plugin applies a patch when its process imports them: a vLLM worker or the driver
+    never imports verl's FSDP engine); raise naming each offender otherwise.
+
+    ``require_worker``: after a real launch at least one Ray worker must have applied all of them (the actor
+    worker imports verl's FSDP engine and workers, so its record has nothing pending; a run in which no
+    worker got there trained without some patch, or the plugin never loaded in the workers).
     """
     records = read_plugin_records(record_dir)
     expected = list(expected)
@@ -172,12 +193,20 @@ def check_plugin_records(record_dir: str | os.PathLike, expected, *, require_wor
     if not records:
         problems.append(f"no plugin records in {record_dir}: the rlkit plugin never loaded in a verl process")
     for r in records:
+        who = f"pid {r.get('pid')} ({r.get('role')})"
+        applied, pending = list(r.get("applied") or []), list(r.get("pending") or [])
         if r.get("error"):
-            problems.append(f"pid {r['pid']} ({r['role']}): {r['error']}")
-        elif r.get("applied") != expected:
-            problems.append(f"pid {r['pid']} ({r['role']}) applied {r.get('applied')}, the run asked for {expected}")
-    if require_worker and records and not any(r.get("role") == "ray_worker" for r in records):
-        problems.append("no Ray worker recorded: the plugin did not load in the worker processes")
+            problems.append(f"{who}: {r['error']}")
+        elif set(applied) & set(pending) or sorted(applied + pending) != sorted(expected):
+            problems.append(f"{who} applied {applied} with {pending} pending, the run asked for {expected}")
+    if require_worker and records:
+        workers = [r for r in records if r.get("role") == "ray_worker"]
+        if not workers:
+            problems.append("no Ray worker recorded: the plugin did not load in the worker processes")
+        elif not any(not r.get("error") and not _unapplied(r) for r in workers):
+            waiting = "; ".join(f"pid {r.get('pid')} still pending {_unapplied(r)}" for r in workers if not r.get("error"))
+            problems.append(f"no Ray worker applied all of {expected} (the actor worker imports verl's FSDP engine, "
+                            f"which applies them): {waiting or 'every worker failed'}")
     if problems:
         raise RuntimeError("rlkit plugin check failed:\n  " + "\n  ".join(problems))
     return records

@@ -1,17 +1,24 @@
 """How rlkit enters every verl process: the ``verl.plugins`` entry point.
 
 ``import verl`` loads every ``verl.plugins`` entry point (pyproject.toml declares this module), in the
-driver and in every Ray worker. On import this module reads the run's patch selection from one place,
-the environment variable ``RLKIT_PATCHES`` (comma-separated names from ``rlkit.patches.KNOWN_PATCHES``;
-Ray workers inherit the driver's environment), applies exactly those patches, and, when
-``RLKIT_RECORD_DIR`` is set, writes one JSON record per process saying what it applied.
+driver, in every Ray worker and in vLLM's processes. On import this module reads the run's patch
+selection from one place, the environment variable ``RLKIT_PATCHES`` (comma-separated names from
+``rlkit.patches.KNOWN_PATCHES``; Ray workers inherit the driver's environment), resolves the names and
+checks every patch's versions, then applies each patch when the modules it changes are imported
+(:meth:`rlkit.patches.Patch.apply_when_imported`): the torch-level patches at once (torch is imported),
+the verl-level ones when the process imports verl's FSDP engine, workers or loss registry, so a process
+that builds no actor (a vLLM worker, the driver) does not import the FSDP engine because of rlkit.
+When ``RLKIT_RECORD_DIR`` is set, it writes one JSON record per process saying which patches are
+applied and which are still pending, and rewrites it whenever a deferred patch applies.
 
 verl wraps ``ep.load()`` in ``except Exception`` and logs failures at debug level, so an ordinary
-exception here would vanish and the run would train unpatched. A failure therefore prints a banner
-to stderr, writes an error record, and raises :class:`PluginLoadError`, a ``BaseException`` that
-verl's handler does not catch: ``import verl`` itself fails. The recipe launcher
-(``rlkit.verl_job.check_plugin_records``) also reads the records after the run and rejects any error or
-mismatch. Nothing else lives here: importing this module applies patches.
+exception here would vanish and the run would train unpatched. A failure (an unknown name, a version
+outside a patch's range: at ``import verl``; a deferred apply: in the ``import`` statement that brought
+in its targets) therefore prints a banner to stderr, writes an error record, and raises
+:class:`PluginLoadError`, a ``BaseException`` that neither verl's loader nor an ``except Exception``
+around an import catches. The recipe launcher (``rlkit.verl_job.check_plugin_records``) also reads the
+records after the run and rejects any error or mismatch, and a run in which no Ray worker applied
+everything. Nothing else lives here: importing this module activates the selection.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from importlib import metadata
@@ -31,6 +39,8 @@ RECORD_DIR_ENV = "RLKIT_RECORD_DIR"
 EMULATE_ENV = "RLKIT_EMULATE_GPU_GIB"
 RANK_CHECK_ENV = "RLKIT_CHECK_RANK_IDENTITY"
 _VERSIONED = ("torch", "verl", "transformers", "vllm", "ray", "rlkit")
+AT_IMPORT_VERL = "import verl"  # ``applied_on`` of a patch applied during activation
+_lock = threading.RLock()  # one record per process, rewritten from whichever thread imports a target
 
 
 class PluginLoadError(BaseException):
@@ -64,11 +74,13 @@ def _versions() -> dict[str, str | None]:
 
 
 def _record(payload: dict) -> Path | None:
+    """Write this process's record atomically (a reader never sees half a file)."""
     record_dir = os.environ.get(RECORD_DIR_ENV)
     if not record_dir:
         return None
     path = Path(record_dir)
     path.mkdir(parents=True, exist_ok=True)
+    payload.update(pid=os.getpid(), time=time.time())  # a forked child writes its own record
     target = path / f"{socket.gethostname()}-{os.getpid()}.json"
     tmp = target.with_suffix(".json.partial")
     tmp.write_text(json.dumps(payload, indent=2, default=str))
@@ -92,53 +104,92 @@ def _base_record(requested: list[str]) -> dict:
     }
 
 
-def _instruments(environ) -> dict:
-    """Install the measurement aids the environment asks for; returns what was installed."""
-    from rlkit import emulate_card
+def _selection(requested: list[str], environ) -> tuple[list, list, list]:
+    """(requested patches, wiring patches, instrument patches) as Patch objects; unknown names raise."""
+    from rlkit import patches
 
-    out = {}
-    gib = emulate_card.requested_gib(environ)
-    if gib:
-        out["emulated_card"] = emulate_card.install(gib)
+    selected = [patches.get(name) for name in requested]
+    wiring = []
+    if "master_on_host" in requested:  # the FSDP-level patch alone would leave verl loading the masters
+        from rlkit.patches import master_on_host_verl
+
+        wiring.append(master_on_host_verl.PATCH)
+    instruments = []
     if environ.get(RANK_CHECK_ENV, "").strip() in ("1", "true", "True"):
         from rlkit.patches import rank_identity
 
-        rank_identity.PATCH.apply()
-        out["rank_identity"] = True
-    return out
+        instruments.append(rank_identity.PATCH)
+    return selected, wiring, instruments
+
+
+def _refresh(record: dict, handled: list) -> None:
+    """The record's view of every patch this process handles: applied, or still waiting for its targets."""
+    from rlkit import patches
+
+    state = {p.name: "applied" if p.active() else "pending" if p.pending() else "not applied" for p in handled}
+    record.update(
+        applied=[n for n in record["requested"] if state.get(n) == "applied"],
+        pending=[n for n in record["requested"] if state.get(n) == "pending"],
+        state=state, active=patches.active(),
+    )
+
+
+def _fail(record: dict, err: BaseException) -> PluginLoadError:
+    """Record the error and print the banner; the PluginLoadError to raise where the failure surfaced."""
+    record.update(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    _record(record)
+    banner = "=" * 78
+    print(
+        f"\n{banner}\nrlkit verl plugin FAILED in pid {os.getpid()} ({record['role']}): "
+        f"{PATCHES_ENV}={','.join(record['requested'])!r}\n{record['error']}\n"
+        f"Fix: correct {PATCHES_ENV} (known: see rlkit.patches.KNOWN_PATCHES) or the versions "
+        f"the patch names.\n{banner}",
+        file=sys.stderr, flush=True,
+    )
+    return PluginLoadError(record["error"])
 
 
 def activate(environ=os.environ) -> list[str]:
-    """Apply the patches named in ``RLKIT_PATCHES``; record and fail loudly on any error."""
+    """Check the patches named in ``RLKIT_PATCHES`` and apply each now or when its targets are imported;
+    record, and fail loudly on any error. Returns the names applied at once."""
     requested = requested_patches(environ)
     record = _base_record(requested)
-    try:
-        from rlkit import patches
+    record.update(applied=[], pending=[], state={}, active=[], wiring=[], instruments={}, targets={},
+                  applied_on={}, error=None)
+    handled: list = []
 
-        applied = patches.apply(requested)
-        wiring = []
-        if "master_on_host" in applied:  # the FSDP-level patch alone would leave verl loading the masters
-            from rlkit.patches import master_on_host_verl
+    def on_apply(patch, trigger: str, error: BaseException | None) -> None:
+        with _lock:
+            _refresh(record, handled)
+            if error is not None:
+                raise _fail(record, error) from error
+            record["applied_on"][patch.name] = trigger
+            _record(record)
 
-            master_on_host_verl.PATCH.apply()
-            wiring.append(master_on_host_verl.PATCH.name)
-        record.update(applied=applied, active=patches.active(), wiring=wiring, error=None)
-        record.update(instruments=_instruments(environ))
-    except BaseException as err:
-        record.update(applied=[], active=[], error=f"{type(err).__name__}: {err}",
-                      traceback=traceback.format_exc())
+    with _lock:
+        try:
+            selected, wiring, instruments = _selection(requested, environ)
+            handled[:] = [*selected, *wiring, *instruments]
+            for patch in handled:  # every version checked before anything changes
+                patch.check_versions()
+            record.update(wiring=[p.name for p in wiring], targets={p.name: list(p.targets) for p in handled})
+            from rlkit import emulate_card
+
+            gib = emulate_card.requested_gib(environ)
+            if gib:  # torch only: installed at once
+                record["instruments"]["emulated_card"] = emulate_card.install(gib)
+            for patch in instruments:
+                record["instruments"][patch.name] = True
+            # In this order, so that patches on one target wrap each other as when they applied eagerly
+            # (rank_identity outermost around master_on_host_verl's optimizer_step).
+            for patch in handled:
+                if patch.apply_when_imported(on_apply):
+                    record["applied_on"][patch.name] = AT_IMPORT_VERL
+            _refresh(record, handled)
+        except BaseException as err:
+            raise _fail(record, err) from err
         _record(record)
-        banner = "=" * 78
-        print(
-            f"\n{banner}\nrlkit verl plugin FAILED in pid {os.getpid()} ({record['role']}): "
-            f"{PATCHES_ENV}={','.join(requested)!r}\n{record['error']}\n"
-            f"Fix: correct {PATCHES_ENV} (known: see rlkit.patches.KNOWN_PATCHES) or the versions "
-            f"the patch names.\n{banner}",
-            file=sys.stderr, flush=True,
-        )
-        raise PluginLoadError(record["error"]) from err
-    _record(record)
-    return applied
+    return list(record["applied"])
 
 
 # Importing this module is the plugin's entry: verl imports it at ``import verl``.

@@ -4,14 +4,24 @@ Every optimization in rlkit that changes third-party code is a :class:`Patch`: `
 idempotent, ``revert()`` restores the original objects, both refuse to run outside the library
 versions the patch was written for, and the registry below tells a run which patches are active so
 that ``env.json`` can record them.
+
+A patch names the modules it modifies (``targets``). ``apply()`` applies it now, importing them;
+``apply_when_imported()`` checks its versions now but applies it only once every target has been
+imported (at once if they already are): a post-import hook (:class:`_PostImportFinder`, on
+``sys.meta_path`` while any patch waits) wraps the loaders of the modules imported meanwhile, and when
+the import statement that brought in the last target has run its modules, the patch is applied, still
+inside that statement, so that a failure raises from it. The verl plugin uses this, so that ``import verl`` does not
+import verl's FSDP engine in every process just to patch it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -40,19 +50,26 @@ def installed_version(dist: str) -> Version | None:
         return None
 
 
-@dataclass
+# Called after a deferred apply: (patch, the module whose import triggered it, None or the error).
+OnApply = Callable[["Patch", str, "BaseException | None"], None]
+
+
+@dataclass(eq=False)
 class Patch:
     """One reversible modification of third-party code.
 
     ``requires`` maps a distribution name to the version range the patch was written and tested
     for, e.g. ``{"torch": ">=2.11,<2.15"}``. ``apply_fn`` installs the change and returns a callable
-    that undoes it.
+    that undoes it. ``targets`` are the modules whose import makes the patch applicable (see
+    :meth:`apply_when_imported`); ``apply_fn`` may import others, provided nothing binds what it
+    changes there before the targets are imported.
     """
 
     name: str
     summary: str
     requires: dict[str, str]
     apply_fn: Callable[[], Callable[[], None]]
+    targets: tuple[str, ...] = ()
     _undo: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -69,13 +86,30 @@ class Patch:
                 )
 
     def apply(self) -> None:
+        """Apply now (importing the targets). A deferral is cancelled first, so that the imports apply_fn makes
+        cannot apply the patch a second time."""
+        _settle(self)
         with self._lock:
-            if self._undo is not None:
-                return
-            self.check_versions()
-            self._undo = self.apply_fn()
+            if self._undo is None:
+                self.check_versions()
+                self._undo = self.apply_fn()
+
+    def apply_when_imported(self, on_apply: OnApply | None = None) -> bool:
+        """Check the versions now; apply now if every target is imported already (True), else once the
+        import that brings in the last of them has run (False; ``on_apply`` is called then, and on a
+        failure before the error is raised from that import statement)."""
+        self.check_versions()
+        if self.active():
+            return True
+        if all(_imported(t) for t in self.targets):
+            self.apply()
+            return True
+        _defer(self, on_apply)
+        return False
 
     def revert(self) -> None:
+        """Undo the patch, or cancel its deferral (its hook is removed when nothing else waits)."""
+        _settle(self)
         with self._lock:
             if self._undo is None:
                 return
@@ -84,6 +118,155 @@ class Patch:
 
     def active(self) -> bool:
         return self._undo is not None
+
+    def pending(self) -> bool:
+        """Waiting for its targets to be imported (see :meth:`apply_when_imported`)."""
+        return id(self) in _pending
+
+
+# ----------------------------------------------------------------------------------------------
+# deferred application: a post-import hook on sys.meta_path while any patch waits
+#
+# While a patch waits, every module found through sys.meta_path is loaded through _PostImportLoader, which
+# counts the imports in progress in its thread. When the outermost of them has run (the import statement
+# that started the chain is about to return), the waiting patches whose targets are all imported apply.
+# Not earlier: a patch applied as soon as its target's code has run would import what it needs while the
+# modules that imported the target are half-initialized (skip_old_logprob, applied right after
+# verl.trainer.ppo.core_algos, met a circular ImportError from verl.trainer.distillation).
+
+_pending: dict[int, tuple[Patch, OnApply | None]] = {}  # id(patch) -> (patch, callback), in deferral order
+_registry_lock = threading.RLock()
+_depth = threading.local()  # .n: imports in progress through _PostImportLoader in this thread
+
+
+class _PostImportLoader(importlib.abc.Loader):
+    """A found module's loader; when the outermost import in progress has run, waiting patches apply."""
+
+    def __init__(self, loader, fullname: str):
+        self.loader, self.fullname = loader, fullname
+
+    def create_module(self, spec):
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module) -> None:
+        # The module keeps its real loader (importlib.resources, inspect and pkgutil read it).
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None and module.__spec__.loader is self:
+            module.__spec__.loader = self.loader
+        _depth.n = getattr(_depth, "n", 0) + 1
+        ran = False
+        try:
+            self.loader.exec_module(module)
+            ran = True
+        finally:
+            _depth.n -= 1
+            if _depth.n == 0:
+                _apply_ready(self.fullname, ran)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds each module through the finders after it and wraps the loader."""
+
+    def find_spec(self, fullname, path, target=None):
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or isinstance(finder, _PostImportFinder) or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is not None and hasattr(loader, "exec_module") and type(loader).__name__ != "NamespaceLoader":
+            spec.loader = _PostImportLoader(loader, fullname)
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def _sync_finder() -> None:
+    """The finder is on sys.meta_path exactly while some patch waits. The list is replaced, not changed in
+    place, so that an import running in another thread keeps iterating the list it started with."""
+    installed = any(f is _finder for f in sys.meta_path)
+    if _pending and not installed:
+        sys.meta_path = [_finder, *sys.meta_path]
+    elif not _pending and installed:
+        sys.meta_path = [f for f in sys.meta_path if f is not _finder]
+
+
+def _defer(patch: Patch, on_apply: OnApply | None) -> None:
+    with _registry_lock:
+        _pending[id(patch)] = (patch, on_apply)
+        _sync_finder()
+
+
+def _settle(patch: Patch) -> None:
+    with _registry_lock:
+        if _pending.pop(id(patch), None) is not None:
+            _sync_finder()
+
+
+def _imported(module: str) -> bool:
+    found = sys.modules.get(module)
+    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False)
+
+
+def _apply_ready(fullname: str, ran: bool) -> None:
+    """``import fullname``, the outermost import in progress, has run (``ran``: without an error): apply, in
+    deferral order, every waiting patch whose targets are all imported; a failure is raised from that import
+    statement. The imports a patch's own apply makes do not re-enter (they may make more patches ready)."""
+    if getattr(_depth, "applying", False):
+        return
+
+    def imported(module: str) -> bool:  # importlib marks fullname initialized only once this returns
+        return (ran and module == fullname) or _imported(module)
+
+    _depth.applying = True
+    try:
+        while True:
+            with _registry_lock:
+                ready = [(p, cb) for p, cb in _pending.values() if all(imported(t) for t in p.targets)]
+            if not ready:
+                return
+            patch, on_apply = ready[0]
+            try:
+                patch.apply()
+            except BaseException as err:
+                _defer(patch, on_apply)  # still waiting: the next import of a target retries and fails again
+                error = PatchError(f"patch {patch.name!r} failed to apply after `import {fullname}` imported its "
+                                   f"target(s) {', '.join(patch.targets)}: {type(err).__name__}: {err}")
+                if on_apply is not None:
+                    on_apply(patch, fullname, error)
+                raise error from err
+            if on_apply is not None:
+                on_apply(patch, fullname, None)
+    finally:
+        _depth.applying = False
+
+
+def pending() -> list[Patch]:
+    """The patches waiting for their targets, in deferral order."""
+    with _registry_lock:
+        return [p for p, _ in _pending.values()]
+
+
+def import_targets() -> list[str]:
+    """Import the targets of every waiting patch, so that each applies now; returns their names."""
+    waiting = pending()
+    for patch in waiting:
+        for module in patch.targets:
+            import_target(patch.name, module)
+    return [p.name for p in waiting]
+
+
+# ----------------------------------------------------------------------------------------------
+# the registry
 
 
 def import_target(patch: str, module: str, fix: str = "install rlkit's [verl] extra (verl==0.9.1)"):
@@ -105,7 +288,7 @@ def get(name: str) -> Patch:
 
 
 def apply(names) -> list[str]:
-    """Apply the named patches in order; returns the names applied."""
+    """Apply the named patches now, in order; returns the names applied."""
     names = [n for n in names if n]
     for name in names:
         get(name).apply()
@@ -113,6 +296,9 @@ def apply(names) -> list[str]:
 
 
 def revert_all() -> None:
+    """Revert every known patch and cancel every deferral."""
+    for patch in reversed(pending()):
+        patch.revert()
     for name in reversed(list(KNOWN_PATCHES)):
         patch = _loaded(name)
         if patch is not None:
@@ -120,7 +306,7 @@ def revert_all() -> None:
 
 
 def _loaded(name: str) -> Patch | None:
-    module = importlib.sys.modules.get(KNOWN_PATCHES[name])
+    module = sys.modules.get(KNOWN_PATCHES[name])
     return getattr(module, "PATCH", None) if module is not None else None
 
 

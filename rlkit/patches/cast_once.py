@@ -168,4 +168,5 @@ PATCH = Patch(
     summary="FSDP1 NO_SHARD bf16 compute copy cast once per optimizer step, resident across micro-batches",
     requires={"torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=("torch.distributed.fsdp._flat_param", "torch.optim.optimizer"),
 )

@@ -232,4 +232,7 @@ PATCH = Patch(
     summary="verl: log-probs and entropy from hidden states in row chunks (recomputed in backward), no full logits",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    # The engine only: verl's forward functions import the kernel class at call time (the apply imports its
+    # module), and the engine's apply_monkey_patch must be wrapped before the engine builds a model.
+    targets=(VERL_ENGINE_MODULE,),
 )

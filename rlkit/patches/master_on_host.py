@@ -56,6 +56,7 @@ PATCH = Patch(
     summary="FSDP1 NO_SHARD fp32 master parked in (pinned) host memory during forward/backward",
     requires={"torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=("torch.distributed.fsdp._flat_param",),
 )
 
 

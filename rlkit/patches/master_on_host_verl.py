@@ -97,4 +97,5 @@ PATCH = Patch(
     summary="verl FSDPEngine train mode: fp32 masters stay on the host (adopted from param offload), HostAdamW steps them",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=(VERL_ENGINE_MODULE,),
 )

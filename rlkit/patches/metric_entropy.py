@@ -94,4 +94,5 @@ PATCH = Patch(
     summary="verl: a metric-only entropy (entropy_coeff 0) is detached from the loss and computed in row chunks",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=(VERL_WORKERS_MODULE, VERL_FUNCTIONAL_MODULE),
 )

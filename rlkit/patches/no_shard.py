@@ -62,6 +62,7 @@ PATCH = Patch(
     summary="verl fsdp_size=1: NO_SHARD over the replicate group instead of HYBRID_SHARD clamped to a 1-rank group",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=(VERL_ENGINE_MODULE,),
 )
 
 apply = PATCH.apply

@@ -53,6 +53,7 @@ PATCH = Patch(
     summary="FSDP1 NO_SHARD + use_orig_params=False: re-point module views after flat_param_to so offload frees memory",
     requires={"torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=("torch.distributed.fsdp._flat_param",),
 )
 
 apply = PATCH.apply

@@ -109,6 +109,7 @@ PATCH = Patch(
     summary="after each verl optimizer step, record max |weights - rank 0's weights| over all ranks (read-only)",
     requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
     apply_fn=_apply,
+    targets=("verl.workers.engine.fsdp.transformer_impl",),
 )
 
 

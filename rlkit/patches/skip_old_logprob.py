@@ -22,4 +22,7 @@ PATCH = Patch(
     summary="serve old_log_probs (PPO ratio, truncated IS weights) from the update forward when strictly on-policy",
     requires={"torch": ">=2.11,<2.15", "verl": "==0.9.1"},
     apply_fn=_apply,
+    # verl's loss registry; the apply also imports the V1 trainer modules (the trainer registry). The actor
+    # workers and the trainer both import core_algos before they look a loss or a trainer up.
+    targets=("verl.trainer.ppo.core_algos",),
 )

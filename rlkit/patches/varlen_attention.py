@@ -245,4 +245,6 @@ PATCH = Patch(
             f"for verl's remove-padding path without flash-attn",
     requires={"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"},
     apply_fn=_apply,
+    # Where AttentionInterface and AttentionMaskInterface live: imported before any model is built.
+    targets=("transformers.modeling_utils", "transformers.masking_utils"),
 )
