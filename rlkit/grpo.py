@@ -23,7 +23,7 @@ from rlkit import params as P
 from rlkit import verl_job
 from rlkit.env import REPO_ROOT
 from rlkit.recipe import ARMS, NOTEBOOK, GRPORecipe, arm_name, arm_values, default_paths, render_overrides
-from rlkit.verl_logs import PHASES, parse_console_metrics, summarize, training_steps
+from rlkit.verl_logs import PHASES, averaged_steps, parse_console_metrics, summarize, training_steps
 
 HOW_TO_RUN = "run the h200 profile on a GPU node (python -m rlkit.grpo launch --profile h200)"
 METRICS_KEYS = ("recipe", "reward", "data", "model", "overrides", "command", "preflight", "verify",
@@ -299,7 +299,7 @@ def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any
     from rlkit import model_shape, roofline
 
     summary = metrics.get("summary") or {}
-    window = [s for s in metrics.get("steps", []) if s.get("step") in summary.get("steps_averaged", [])]
+    window = averaged_steps(metrics.get("steps", []))
     if not window or not gpu_name:
         return {}
     pinned = roofline.pinned_bench_gbps()

@@ -114,13 +114,18 @@ def training_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in steps if "timing_s/step" in s]
 
 
+def averaged_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trained steps a run's summary averages: 2.. (step 1 carries one-off start-up), or step 1 alone."""
+    trained = training_steps(steps)
+    return trained[1:] if len(trained) > 1 else trained
+
+
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Means of the headline metrics (:data:`SUMMARY_KEYS`) over training steps 2.. (step 1 carries one-off
     start-up), step 1 alone when it is the only one; :data:`EXTREME_KEYS` are the min / max over those steps."""
-    trained = training_steps(steps)
-    if not trained:
+    window = averaged_steps(steps)
+    if not window:
         return {}
-    window = trained[1:] if len(trained) > 1 else trained
     out: dict[str, Any] = {"steps_averaged": [s["step"] for s in window]}
     for name, key in SUMMARY_KEYS.items():
         values = [s[key] for s in window if isinstance(s.get(key), (int, float))]

@@ -171,8 +171,7 @@ def point_limits(cfg: Config, measured: dict[str, Any] | None, gpu_name: str | N
     """The measured steps 2.. of a point against their limits (empty without a measurement or a GPU name)."""
     from rlkit import model_shape, roofline
 
-    summary = (measured or {}).get("summary") or {}
-    window = [s for s in (measured or {}).get("steps", []) if s.get("step") in summary.get("steps_averaged", [])]
+    window = verl_logs.averaged_steps((measured or {}).get("steps", []))
     if not window or not gpu_name:
         return {}
     return roofline.grpo_step_limits(P.as_dict(build_recipe(cfg)), window, model_shape.resolve_model(cfg.case_spec.model),
