@@ -253,7 +253,7 @@ def planner_for_run(metrics: dict[str, Any]):
     if recipe.random_init and not (Path(model_path) / "config.json").exists():
         # the random-init model's folder was written on the node: the planner reads its preset's shapes by name
         overrides = [f"{key}{recipe.model}" if o.startswith(key) else o for o in overrides]
-    spec = preflight.planner_spec_for_overrides(overrides, recipe.patches, gpu_gib=card)
+    spec = preflight.planner_spec_for_overrides(overrides, recipe.active_patches, gpu_gib=card)
     return None if spec is None else (card, spec, budget.plan(spec))
 
 
@@ -431,7 +431,8 @@ def describe(metrics: dict[str, Any]) -> str:
         (f"Recipe: {recipe['model']} on {metrics['data']['rows']} {metrics['data']['source']} prompts "
         f"({metrics['data'].get('duplicates_removed', 0)} duplicates removed), {recipe['train_batch_size']} prompts x "
         f"{recipe['rollout_n']} samples per step, reward {metrics['reward']}, patches "
-        f"{', '.join(recipe['patches']) or 'none'}."),
+        f"{', '.join(recipe['patches']) or 'none'}; attention {recipe.get('attn_implementation', 'sdpa')}"
+        f"{', unpadded' if recipe.get('use_remove_padding') else ', padded'}, logits {recipe.get('logits', 'full')}."),
     ]
     if verify.get("skipped"):
         lines.append(f"Config check before the launch skipped: {verify['skipped']}.")

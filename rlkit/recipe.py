@@ -29,6 +29,8 @@ from rlkit import params as P
 from rlkit.verl_job import compose_verl_config
 
 NOTEBOOK = "05_grpo_qwen3_4b"
+# The workload levers: (recipe field, value, the patch that value needs). The field is the switch.
+LEVER_PATCHES = (("attn_implementation", "rlkit_varlen", "varlen_attention"), ("logits", "chunked", "chunked_logprobs"))
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class GRPORecipe:
     response_length_mean: int = 0      # random-init only: synthetic EOS model, geometric lengths of this mean (0: off)
     data: str = "synthetic"            # "synthetic", a local DAPO-Math-17k parquet, or its hub id
     data_rows: int = 2048              # synthetic rows / cap on unique real rows (0 = all)
-    reward: Literal["auto", "synthetic_hash", "dapo_math"] = "auto"  # auto: hash reward for random weights
+    reward: Literal["auto", "synthetic_hash", "dapo_math", "target_chars"] = "auto"  # auto: hash reward for random weights
     max_prompt_length: int = 256
     max_response_length: int = 1024
     train_batch_size: int = 32         # prompts per step
@@ -62,10 +64,11 @@ class GRPORecipe:
     free_cache_engine: bool = True     # vLLM sleep mode between rollouts
     rollout_tp: int = 1
     enforce_eager: bool = False        # true: no CUDA graphs in vLLM
-    patches: tuple[str, ...] = ()      # rlkit patches, applied in every verl process by the plugin
+    patches: tuple[str, ...] = ()      # rlkit patches, applied in every verl process by the plugin (the arms set these)
     steps: int = 4
-    attn_implementation: str = "sdpa"  # the node has no flash-attn
-    use_remove_padding: bool = False   # remove-padding needs flash-attn
+    attn_implementation: str = "sdpa"  # the node has no flash-attn; "rlkit_varlen": PyTorch's varlen kernel (a patch)
+    use_remove_padding: bool = False   # pack each micro-batch without padding (needs a varlen attention)
+    logits: Literal["full", "chunked"] = "full"  # chunked: log-probs from hidden states in row chunks (a patch)
     gradient_checkpointing: bool = True
     ray_num_cpus: int = 64             # verl's default actor CPU reservations hang on small hosts
     helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
@@ -105,6 +108,11 @@ class GRPORecipe:
             bad("patches", f"unknown {unknown}", f"choose from {list(KNOWN_PATCHES)}")
         if len(set(self.patches)) != len(self.patches):
             bad("patches", f"{list(self.patches)} repeats a name", "list each patch once")
+        for field_name, wants, patch in LEVER_PATCHES:
+            if patch in self.patches and getattr(self, field_name) != wants:
+                bad("patches", f"{patch} is the {field_name}={wants!r} lever, but {field_name} is "
+                    f"{getattr(self, field_name)!r}", f"set {field_name}: {wants} (it adds the patch) and drop "
+                    f"{patch} from patches")
         if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):
             bad("patches", "master_on_host keeps the fp32 master on the host through the update: it needs param_offload "
                 "(the masters it adopts) and HostAdamW (which steps them in place there)",
@@ -133,6 +141,15 @@ class GRPORecipe:
                 "generate at least one batch of rows")
 
     @property
+    def active_patches(self) -> tuple[str, ...]:
+        """Every patch the plugin applies: the arm's ``patches``, then those the workload levers imply
+        (``attn_implementation: rlkit_varlen`` -> varlen_attention, ``logits: chunked`` -> chunked_logprobs).
+        Arms replace ``patches`` wholesale; the levers are fields of their own, so a profile's workload
+        keeps its kernels under every arm."""
+        implied = [patch for field_name, wants, patch in LEVER_PATCHES if getattr(self, field_name) == wants]
+        return tuple(dict.fromkeys([*self.patches, *implied]))
+
+    @property
     def random_init(self) -> bool:
         from rlkit.models import PRESETS
 
@@ -159,11 +176,13 @@ def default_paths(recipe: GRPORecipe) -> Paths:
 
     model = (str(offline_model.default_dir(recipe.model, recipe.model_seed, recipe.response_length_mean))
              if recipe.random_init else recipe.model)
-    if recipe.data == "synthetic":
-        train = data.GENERATED_DIR / f"synthetic-dapo-{recipe.data_rows}-seed{recipe.model_seed}.parquet"
-    else:
-        train = data.GENERATED_DIR / "dapo-math-17k.dedup.parquet"
+    train = data.default_path(recipe.data, recipe.data_rows, recipe.model_seed, targets=_target_task(recipe))
     return Paths(model=model, train_file=str(train))
+
+
+def _target_task(recipe: GRPORecipe) -> bool:
+    """Whether the run's rows are the target-character task's (``reward: target_chars``, rlkit.data.target_rows)."""
+    return recipe.resolved_reward == "target_chars"
 
 
 def _b(value: bool) -> str:
@@ -204,6 +223,8 @@ def render_overrides(recipe: GRPORecipe, paths: Paths | None = None, out_dir: st
         f"{arr}.model.path={paths.model}",
         f"{arr}.model.use_remove_padding={_b(recipe.use_remove_padding)}",
         f"{arr}.model.enable_gradient_checkpointing={_b(recipe.gradient_checkpointing)}",
+        *([f"{arr}.model.use_fused_kernels=True", f"{arr}.model.fused_kernel_options.impl_backend=torch"]
+          if recipe.logits == "chunked" else []),  # the path chunked_logprobs takes over (its docstring says why)
         f"+{arr}.model.override_config.attn_implementation={recipe.attn_implementation}",
         f"{arr}.actor.strategy=fsdp",
         f"{arr}.actor.ppo_mini_batch_size={recipe.ppo_mini_batch_size}",
@@ -261,7 +282,7 @@ def prepare_inputs(recipe: GRPORecipe) -> tuple[Paths, dict, dict]:
 
     paths = default_paths(recipe)
     data_info = data.prepare(recipe.data, rows=recipe.data_rows, seed=recipe.model_seed,
-                             out_dir=Path(paths.train_file).parent).as_dict()
+                             out_dir=Path(paths.train_file).parent, targets=_target_task(recipe)).as_dict()
     if recipe.random_init:
         model_info = offline_model.write_offline_model(recipe.model, paths.model, seed=recipe.model_seed,
                                                        response_length_mean=recipe.response_length_mean)

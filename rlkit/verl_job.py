@@ -58,7 +58,7 @@ def launch_env(recipe, record_dir: str | os.PathLike, base: dict | None = None) 
     # vLLM reports its KV cache, concurrency and CUDA-graph memory at INFO; verl's runtime env sets WARN
     # unless the launching environment sets the level (found in the first 2 x H200 run: no KV lines).
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-    env["RLKIT_PATCHES"] = ",".join(recipe.patches)
+    env["RLKIT_PATCHES"] = ",".join(recipe.active_patches)
     env["RLKIT_RECORD_DIR"] = str(record_dir)
     env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
     env["RLKIT_CHECK_RANK_IDENTITY"] = "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""
@@ -68,7 +68,7 @@ def launch_env(recipe, record_dir: str | os.PathLike, base: dict | None = None) 
 
 def shell_command(recipe, overrides: list[str]) -> str:
     """The launch as one copy-pasteable shell line (env vars the recipe sets + the command)."""
-    env = {"RLKIT_PATCHES": ",".join(recipe.patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
+    env = {"RLKIT_PATCHES": ",".join(recipe.active_patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
     if recipe.emulate_gpu_gib:
         env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}"
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -145,13 +145,13 @@ def verify_subprocess(recipe, overrides: list[str], out_dir: Path, timeout: floa
         raise RuntimeError(f"verl rejected the rendered config or the rlkit plugin failed "
                            f"(exit {proc.returncode}); last lines of {log_path}:\n{tail}")
     result = json.loads(result_path.read_text())
-    records = check_plugin_records(record_dir, recipe.patches)
+    records = check_plugin_records(record_dir, recipe.active_patches)
     result["plugin_records"] = records
-    if sorted(result["active_patches"]) != sorted(recipe.patches) or result["pending_patches"]:
+    if sorted(result["active_patches"]) != sorted(recipe.active_patches) or result["pending_patches"]:
         # active() lists them in registry order
         raise RuntimeError(f"verl process has active patches {result['active_patches']} and "
                            f"{result['pending_patches']} still pending after importing their targets, recipe "
-                           f"asked for {list(recipe.patches)}")
+                           f"asked for {list(recipe.active_patches)}")
     return result
 
 
@@ -220,12 +220,14 @@ def preflight_findings(recipe, overrides: list[str]) -> dict[str, Any]:
     """``rlkit.preflight.check_overrides`` on the rendered overrides of ``recipe``.
 
     The preflight runs the phase-budget planner (rlkit.budget) for ``planner_gpu_gib``; its finding
-    (check ``planner``) is the planner's verdict, reported separately.
+    (check ``planner``) is the planner's verdict, reported separately. HostAdamW's host state is held against
+    this machine's available memory (check ``host_memory``): the launch runs here.
     """
     from rlkit import preflight
 
-    findings = [_plain(f) for f in preflight.check_overrides(overrides, active_patches=list(recipe.patches),
-                                                             gpu_gib=recipe.planner_gpu_gib)]
+    findings = [_plain(f) for f in preflight.check_overrides(overrides, active_patches=list(recipe.active_patches),
+                                                             gpu_gib=recipe.planner_gpu_gib,
+                                                             host_available_gib=preflight.available_host_gib())]
     return {"available": True, "findings": [f for f in findings if f.get("check") != "planner"],
             "planner": [f for f in findings if f.get("check") == "planner"],
             "errors": sum(f.get("severity") == "error" for f in findings)}
@@ -391,10 +393,13 @@ def launch_job(recipe, overrides: list[str], out_dir: Path, *, extra_env: dict[s
         result["plugin_records"] = read_plugin_records(record_dir)
         return result
     if returncode != 0 or trained < recipe.steps:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        text = log_path.read_text(errors="replace")
+        crash = verl_logs.find_crash(text)  # a Ray worker killed or crashed: say so, and what to do
+        why = f"; {crash['cause']} Fix: {crash['fix']}" if crash else ""
+        tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"verl exited with {returncode} after {wall:.0f} s having logged {trained}/{recipe.steps} "
-                           f"steps and no memory failure; full log {log_path}; last lines:\n{tail}")
-    result["plugin_records"] = check_plugin_records(record_dir, recipe.patches, require_worker=True)
+                           f"steps and no memory failure{why}; full log {log_path}; last lines:\n{tail}")
+    result["plugin_records"] = check_plugin_records(record_dir, recipe.active_patches, require_worker=True)
     return result
 
 

@@ -1,6 +1,8 @@
 #!/bin/bash
 # Runs the seed's arms of notebook 05 one after the other on a GPU node, each in a fresh verl launch.
 # usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.recipe.ARMS)
+# RLKIT_PROFILE picks notebook 05's profile (default h200; h200-seed is the seed's workload, issue 23); each
+# arm's results folder is "<profile>-<arm>" for any other profile, so runs of different shapes never share a name.
 # The pseudo-arm "gpu-tests" runs the GPU tests of the patches the arms use (pytest -m gpu) first, its
 # console in <root>/gpu-tests.console.log: a few seconds that check the patches on this node before the arms.
 # Progress lines go to <root>/progress.txt; each arm's console to <root>/<arm>.console.log; results to
@@ -9,6 +11,8 @@
 set -u
 root=$1; shift
 mkdir -p "$root"
+profile=${RLKIT_PROFILE:-h200}
+prefix=$([ "$profile" = h200 ] || echo "$profile-")
 source "$(dirname "$0")/node_lib.sh"
 idle_gpus() {
   for _ in $(seq 60); do
@@ -21,9 +25,10 @@ idle_gpus() {
 for arm in "$@"; do
   if [ "$arm" = gpu-tests ]; then
     run_in_session gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_adamw.py \
-        tests/test_metric_entropy.py
+        tests/test_metric_entropy.py tests/test_varlen_attention.py tests/test_chunked_logprobs.py
   else
-    run_in_session "$arm" python3 -m rlkit.grpo launch --profile h200 --arm "$arm" --out "$root"
+    run_in_session "$prefix$arm" python3 -m rlkit.grpo launch --profile "$profile" --arm "$arm" \
+        --tag "$prefix$arm" --out "$root"
   fi
   idle_gpus
 done

@@ -47,7 +47,7 @@ def test_bad_recipe_names_the_key_and_fix(changes, key):
         _recipe(**changes)
 
 
-@pytest.mark.parametrize("profile", ["tiny", "h200"])
+@pytest.mark.parametrize("profile", ["tiny", "h200", "h200-seed"])
 def test_profiles_hold_exactly_the_recipe_fields(profile):
     values = load_profile(grpo.NOTEBOOK, profile)
     assert set(values) == set(P.field_names(R.GRPORecipe))
@@ -321,3 +321,52 @@ def test_planner_agrees_with_every_committed_gpu_arm():
     checks = {p.name: grpo.planner_check(grpo.read_results(p)) for p in arms}
     assert all(c is not None and c["agrees"] for c in checks.values()), checks
     assert any(c["ratio"] is not None and c["measured_actor_peak_gib"] for c in checks.values())
+
+
+@pytest.mark.parametrize("arm", list(R.ARMS))
+def test_workload_levers_survive_every_arm(arm):
+    """Arms replace ``patches`` wholesale; the seed workload's kernels are fields, so each arm keeps them."""
+    values = {**load_profile(grpo.NOTEBOOK, "h200-seed"), **R.arm_values(arm)}
+    r = P.build(R.GRPORecipe, values, where=arm)
+    assert r.active_patches == (*r.patches, "varlen_attention", "chunked_logprobs")
+    env = verl_job.launch_env(r, "/tmp/records", base={})
+    assert env["RLKIT_PATCHES"].split(",") == list(r.active_patches)
+    ov = R.render_overrides(r, R.Paths(model="/m", train_file="/d.parquet"))
+    for expected in ("actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.use_fused_kernels=True",
+                     "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch",
+                     "+actor_rollout_ref.model.override_config.attn_implementation=rlkit_varlen",
+                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576", "data.max_response_length=4096"):
+        assert expected in ov
+    padded = dataclasses.replace(r, attn_implementation="sdpa", use_remove_padding=False, logits="full")
+    assert padded.active_patches == r.patches
+    assert not [o for o in R.render_overrides(padded, R.Paths("/m", "/d.parquet")) if "fused" in o]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"patches": ("offload_views", "chunked_logprobs")}, "logits"),
+    ({"patches": ("varlen_attention",)}, "attn_implementation"),
+])
+def test_a_lever_patch_without_its_field_names_the_field(changes, field):
+    with pytest.raises(P.ParamError, match=rf"GRPORecipe\.patches: .*Fix: set {field}: "):
+        _recipe(**changes)
+
+
+def test_the_seed_profile_is_the_issues_shape():
+    r = P.build(R.GRPORecipe, load_profile(grpo.NOTEBOOK, "h200-seed"))
+    assert (r.max_prompt_length, r.max_response_length, r.ppo_max_token_len_per_gpu) == (256, 4096, 24576)
+    assert (r.train_batch_size, r.rollout_n, r.emulate_gpu_gib) == (32, 8, 47.4) and r.steps >= 4
+    assert 0.25 <= r.response_length_mean / r.max_response_length <= 0.60
+
+
+@pytest.mark.verl
+def test_verify_subprocess_applies_the_seed_levers_with_an_arm(tmp_path):
+    """The seed profile's levers under arm 5, through verl's own config check in a fresh process: the plugin
+    applies the arm's patches and the levers' (varlen attention now, chunked log-probs at its target import)."""
+    values = {**load_profile(grpo.NOTEBOOK, "tiny"), **R.arm_values("5-master-on-host-cast-once"),
+              "attn_implementation": "rlkit_varlen", "use_remove_padding": True, "logits": "chunked"}
+    r = P.build(R.GRPORecipe, values)
+    dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
+    model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
+    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = verl_job.verify_subprocess(r, ov, tmp_path)
+    assert sorted(result["active_patches"]) == sorted(r.active_patches) and not result["pending_patches"]
