@@ -111,16 +111,20 @@ def _run_commit(run_dir: Path) -> str:
     return (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
 
 
-def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False) -> tuple[dict[str, dict], dict[str, str]]:
-    """Notebook 05's committed runs whose folder is named after an arm of rlkit.grpo.ARMS (``<arm>`` or
-    ``<arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics and their commits, by name."""
+# Notebook 05's runs of the seed's own workload (profile h200-seed, issue 23): folders "<profile>-<arm>".
+SEED_PREFIX = "h200-seed-"
+
+
+def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: str = "") -> tuple[dict[str, dict], dict[str, str]]:
+    """Notebook 05's committed runs whose folder is named after an arm of rlkit.grpo.ARMS (``<prefix><arm>`` or
+    ``<prefix><arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics and their commits, by name."""
     from rlkit.grpo import read_results
     from rlkit.recipe import ARMS
 
     folder = root / "05_grpo_qwen3_4b"
     names = [p.name for p in committed_runs(folder)
-             if any(p.name == a or p.name.startswith(f"{a}-") or (reruns and p.name.startswith(f"{a}.session"))
-                    for a in ARMS)]
+             if any(p.name == prefix + a or p.name.startswith(f"{prefix}{a}-")
+                    or (reruns and p.name.startswith(f"{prefix}{a}.session")) for a in ARMS)]
     return {name: read_results(folder / name) for name in names}, {name: _run_commit(folder / name) for name in names}
 
 
@@ -280,6 +284,44 @@ def reruns_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines
 
 
+def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Notebook 05's arms at the seed's own workload (``outputs/05_grpo_qwen3_4b/h200-seed-<arm>/``)."""
+    from rlkit.grpo import outcome, planner_check
+    from rlkit.verl_logs import training_steps
+
+    loaded, commits = committed_arms(root, prefix=SEED_PREFIX)
+    if not loaded:
+        return ["*05_grpo_qwen3_4b: no committed runs of the seed's workload yet.*"]
+    first = next(iter(loaded.values()))["recipe"]
+    header = ("| run | commit | attention | logits | outcome | steps | response mean (min-max) | step (s) | gen | "
+              "old_log_prob | update_actor | tokens/s/GPU | actor peak alloc. / reserved (GiB) | device peak used (GiB) | "
+              "host peak over idle (GiB) | planner |")
+    lines = [f"**The seed's workload** (profile `h200-seed`: prompt <= {first['max_prompt_length']}, response <= "
+             f"{first['max_response_length']} with SYNTHETIC lengths, `rlkit.length_model` mean {first['response_length_mean']}; "
+             f"{first['ppo_max_token_len_per_gpu']:,} tokens per update micro-batch, {first['train_batch_size']} x "
+             f"{first['rollout_n']} on {first['n_gpus']} H200 emulating a {first['emulate_gpu_gib']:g} GiB card; means over "
+             "steps 2..; `outputs/05_grpo_qwen3_4b/h200-seed-<arm>/metrics.json`):", "", header,
+             "|" + "---|" * (header.count("|") - 1)]
+    for name, m in loaded.items():
+        r, s = m["recipe"], m.get("summary") or {}
+        attention = f"{r.get('attn_implementation', 'sdpa')}, {'unpadded' if r.get('use_remove_padding') else 'padded'}"
+        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | {outcome(m)} | "
+                     f"{len(training_steps(m.get('steps', [])))} | {fmt(s.get('response_length_mean'), '.0f')} "
+                     f"({fmt(s.get('response_length_min'), '.0f')}-{fmt(s.get('response_length_max'), '.0f')}) | "
+                     f"{fmt(s.get('step_s'))} | {fmt(s.get('gen_s'))} | {fmt(s.get('old_log_prob_s'))} | "
+                     f"{fmt(s.get('update_actor_s'))} | {fmt(s.get('throughput_tok_s_per_gpu'), '.0f')} | "
+                     f"{fmt(s.get('actor_max_allocated_gib'), '.2f')} / {fmt(s.get('actor_max_reserved_gib'), '.2f')} | "
+                     f"{fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
+                     f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {_planner_cell(planner_check(m))} |")
+    drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
+                                               for step in training_steps(m.get("steps", [])))
+                      for name, m in loaded.items())
+    return lines + ["", f"Response-length mean per step ({drift}). The random-init model's responses end on EOS after a "
+                    "geometric number of tokens whose rate lives in the weights; with a noise reward (`synthetic_hash`) "
+                    "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
+                    "with different response means are not comparable; tokens/s/GPU is closer to it."]
+
+
 def _pct(value) -> str:
     return "-" if value is None else f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
 
@@ -289,6 +331,8 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     from rlkit.grpo import limits_row, outcome, phase_limits
 
     arms, commits = committed_arms(root)
+    seed_arms, seed_commits = committed_arms(root, prefix=SEED_PREFIX)
+    arms, commits = {**arms, **seed_arms}, {**commits, **seed_commits}
     rows = []
     for name, m in arms.items():
         env = root / "05_grpo_qwen3_4b" / name / "env.json"
@@ -356,9 +400,10 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
-BLOCKS = {"arc": arc_table, "results": results_section, "limits": limits_section, "determinism": determinism_section,
-          "reruns": reruns_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "limits", "determinism"), "docs/lab-notes.md": ("reruns",)}
+BLOCKS = {"arc": arc_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
+          "determinism": determinism_section, "reruns": reruns_section}
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "determinism"),
+        "docs/lab-notes.md": ("reruns",)}
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -42,6 +42,26 @@ def test_missing_results_are_said_not_invented(tmp_path):
     assert block.count("no committed GPU results yet") == len(report.SECTIONS) + 2  # + the verl arms and the sweep
     assert "no committed GPU results yet" in report.block("arc", root)
     assert "no committed re-runs yet" in report.block("reruns", root)
+    assert "no committed runs of the seed's workload yet" in report.block("seed", root)
+
+
+def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):
+    """Folders named h200-seed-<arm> are the seed workload's rows (and only they); the drift sentence carries each
+    run's per-step response means from its own metrics."""
+    import json
+
+    root = _git_repo(tmp_path)
+    runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+    for name in ("h200-seed-5-master-on-host-cast-once", "5-master-on-host-cast-once"):
+        shutil.copytree(runs / name, root / "05_grpo_qwen3_4b" / name)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    lines = report.seed_workload_section(root)
+    rows = [line for line in lines if line.startswith("| h200-seed-") or line.startswith("| 5-")]
+    assert [r.split(" | ")[0] for r in rows] == ["| h200-seed-5-master-on-host-cast-once"]
+    steps = json.loads((runs / "h200-seed-5-master-on-host-cast-once" / "metrics.json").read_text())["steps"]
+    means = " -> ".join(f"{s['response_length/mean']:.0f}" for s in steps if "response_length/mean" in s)
+    assert f"h200-seed-5-master-on-host-cast-once: {means}" in "\n".join(lines)
+    assert "h200-seed" not in "\n".join(report.grpo_arms_section(root))  # the h200 table keeps its own shape
 
 
 def test_only_results_git_tracks_are_read(tmp_path):
