@@ -18,7 +18,10 @@ in its targets) therefore prints a banner to stderr, writes an error record, and
 :class:`PluginLoadError`, a ``BaseException`` that neither verl's loader nor an ``except Exception``
 around an import catches. The recipe launcher (``rlkit.verl_job.check_plugin_records``) also reads the
 records after the run and rejects any error or mismatch, and a run in which no Ray worker applied
-everything. Nothing else lives here: importing this module activates the selection.
+everything. Besides the selection every process gets the checkpoint guard
+(``rlkit.patches.checkpoint_fingerprint``, recorded under ``guards``): verl's checkpoints record the patches that
+wrote them, and a resume by a differently patched run is refused. Nothing else lives here: importing this
+module activates the selection.
 """
 from __future__ import annotations
 
@@ -104,8 +107,14 @@ def _base_record(requested: list[str]) -> dict:
     }
 
 
-def _selection(requested: list[str], environ) -> tuple[list, list, list]:
-    """(requested patches, wiring patches, instrument patches) as Patch objects; unknown names raise."""
+def _selection(requested: list[str], environ) -> tuple[list, list, list, list]:
+    """(requested patches, wiring patches, instrument patches, guards) as Patch objects; unknown names raise.
+
+    The guard (``checkpoint_fingerprint``: verl's checkpoints record the patches, a resume by a differently
+    patched run is refused) changes no computation and is applied in every process, also an unpatched one,
+    which is the run most likely to resume a patched checkpoint wrongly. It is left out (``guards`` empty in the
+    record) where its versions do not fit, so that rlkit next to another verl keeps working as before with the
+    patches that fit there."""
     from rlkit import patches
 
     selected = [patches.get(name) for name in requested]
@@ -119,7 +128,14 @@ def _selection(requested: list[str], environ) -> tuple[list, list, list]:
         from rlkit.patches import rank_identity
 
         instruments.append(rank_identity.PATCH)
-    return selected, wiring, instruments
+    from rlkit.patches import checkpoint_fingerprint
+
+    try:
+        checkpoint_fingerprint.PATCH.check_versions()
+        guards = [checkpoint_fingerprint.PATCH]
+    except patches.PatchError:
+        guards = []
+    return selected, wiring, instruments, guards
 
 
 def _refresh(record: dict, handled: list) -> None:
@@ -154,7 +170,7 @@ def activate(environ=os.environ) -> list[str]:
     record, and fail loudly on any error. Returns the names applied at once."""
     requested = requested_patches(environ)
     record = _base_record(requested)
-    record.update(applied=[], pending=[], state={}, active=[], wiring=[], instruments={}, targets={},
+    record.update(applied=[], pending=[], state={}, active=[], wiring=[], instruments={}, guards=[], targets={},
                   applied_on={}, error=None)
     handled: list = []
 
@@ -168,11 +184,12 @@ def activate(environ=os.environ) -> list[str]:
 
     with _lock:
         try:
-            selected, wiring, instruments = _selection(requested, environ)
-            handled[:] = [*selected, *wiring, *instruments]
+            selected, wiring, instruments, guards = _selection(requested, environ)
+            handled[:] = [*selected, *wiring, *instruments, *guards]
             for patch in handled:  # every version checked before anything changes
                 patch.check_versions()
-            record.update(wiring=[p.name for p in wiring], targets={p.name: list(p.targets) for p in handled})
+            record.update(wiring=[p.name for p in wiring], guards=[p.name for p in guards],
+                          targets={p.name: list(p.targets) for p in handled})
             from rlkit import emulate_card
 
             gib = emulate_card.requested_gib(environ)

@@ -357,6 +357,26 @@ def test_load_state_dict_mismatch_is_a_clear_error():
         other.load_state_dict(opt.state_dict())
 
 
+def test_state_dict_records_the_rank_role_and_torch_adamw_ignores_it():
+    params, ref_params = make_params(), make_params()
+    opt = HostAdamW(params, host_threads=1, **HYPER)
+    set_grads(params, 0)
+    opt.step()
+    saved = opt.state_dict()
+    assert saved["host_adamw"] == {"rank0_owner": False, "is_owner": True}
+    assert opt.options() == {"impl": "fused", "rank0_owner": False, "skip_nonfinite": True,
+                             "check_identical_grads": False, "pin_memory": torch.cuda.is_available(),
+                             "broadcast_device": "host", "host_threads": 1, "group_size": 1}
+    ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
+    ref.load_state_dict(saved)  # the extra entry is not torch's business
+    assert torch.equal(ref.state[ref_params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
+    # a state dict of a rank without Adam state (rank0_owner on rank 1) is refused by a rank that steps
+    empty = {**saved, "state": {}, "host_adamw": {"rank0_owner": True, "is_owner": False}}
+    with pytest.raises(ValueError, match=r"saved by a rank that holds no Adam state \(rank0_owner=True\), and this "
+                                         r"rank holds Adam state \(rank0_owner=False\)"):
+        HostAdamW(make_params(), **HYPER).load_state_dict(empty)
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_non_finite_gradient_leaves_everything_untouched(bad):
     params = make_params()

@@ -70,6 +70,7 @@ def test_import_verl_defers_verl_patches_until_the_engine_is_imported(tmp_path):
     assert first["applied"] == ["offload_views", "master_on_host", "cast_once"] and first["pending"] == ["no_shard"]
     assert first["state"]["master_on_host_verl"] == "pending" and first["state"]["rank_identity"] == "pending"
     assert first["wiring"] == ["master_on_host_verl"] and first["targets"]["no_shard"] == [ENGINE]
+    assert first["guards"] == ["checkpoint_fingerprint"] and first["state"]["checkpoint_fingerprint"] == "pending"
     assert out["flat_param_to"] == "offload_views"  # torch was imported: applied at once
     assert after["applied"] == ["offload_views", "no_shard", "master_on_host", "cast_once"] and after["pending"] == []
     assert set(after["state"].values()) == {"applied"} and after["error"] is None
@@ -80,6 +81,27 @@ def test_import_verl_defers_verl_patches_until_the_engine_is_imported(tmp_path):
     assert record["versions"]["verl"] == "0.9.1"
     with pytest.raises(RuntimeError, match="the run asked for"):
         check_plugin_records(tmp_path, ["offload_views", "no_shard"])
+
+
+@pytest.mark.verl
+def test_the_checkpoint_guard_applies_in_an_unpatched_process_too(tmp_path):
+    """With no selection the plugin still applies the checkpoint guard (it changes no computation): a stock run
+    resuming a patched checkpoint is the one that would otherwise load it without a word."""
+    proc = _run(tmp_path, f"""
+        import verl
+        from rlkit import patches
+        import {ENGINE}
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager as M
+        out = {{"record": record(), "active": patches.active(),
+               "load": getattr(M.load_checkpoint, "__rlkit_patch__", None)}}
+        print("RESULT=" + json.dumps(out))
+        """, "")
+    out = _results(proc)
+    record = out["record"]
+    assert record["requested"] == [] and record["applied"] == [] and out["active"] == []
+    assert record["guards"] == ["checkpoint_fingerprint"] and record["state"] == {"checkpoint_fingerprint": "applied"}
+    assert out["load"] == "checkpoint_fingerprint"
+    check_plugin_records(tmp_path, [], require_worker=False)
 
 
 @pytest.mark.verl

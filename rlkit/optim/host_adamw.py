@@ -40,11 +40,14 @@ Non-finite gradients: verl skips ``step()`` itself when the grad norm is not fin
 leaves params, master and state (step counter included) untouched if one is not finite.
 
 Checkpoints: ``state_dict()`` holds ``step``, ``exp_avg``, ``exp_avg_sq`` per parameter exactly as
-torch.optim.AdamW does; ``load_state_dict()`` keeps that state on the host (the base class would
-move it to the parameters' device). The fp32 master of an fp32 parameter equals the parameter after
-every step, so it is not saved; it is rebuilt from the (restored) parameter at the next step. The
-master of a non-fp32 parameter is not recoverable from it and is saved as ``state["master"]``. A
-host-resident parameter is its own master: restoring the parameter restores it.
+torch.optim.AdamW does, plus this rank's role (``"host_adamw"``: with ``rank0_owner`` the other ranks' state
+dicts are empty, and ``load_state_dict()`` refuses one saved on a rank with the other role); ``load_state_dict()``
+keeps that state on the host (the base class would move it to the parameters' device). The fp32 master of
+an fp32 parameter equals the parameter after every step, so it is not saved; it is rebuilt from the (restored)
+parameter at the next step. The master of a non-fp32 parameter is not recoverable from it and is saved as
+``state["master"]``. A host-resident parameter is its own master: restoring the parameter restores it. Through
+verl's checkpoint manager (each rank saves and loads its own ``optimizer.state_dict()``):
+``rlkit.patches.checkpoint_fingerprint`` and tests/test_checkpoint_resume.py.
 
 Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copies) with ``host_threads``
 intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
@@ -77,6 +80,7 @@ from torch.optim.adam import adam as _adam_functional
 from rlkit.optim.staging import StagingPool
 
 IMPLS = ("fused", "foreach", "forloop")
+STATE_DICT_KEY = "host_adamw"  # state_dict entry: this rank's role under rank0_owner
 
 if "decoupled_weight_decay" not in inspect.signature(_adam_functional).parameters:  # torch < 2.7
     raise ImportError("rlkit.optim.HostAdamW needs torch.optim.adam.adam(decoupled_weight_decay=...) "
@@ -349,9 +353,44 @@ class HostAdamW(torch.optim.Optimizer):
             "host_threads": self.host_threads,
         }
 
+    def options(self) -> dict[str, Any]:
+        """The options this optimizer was built with beyond the param groups' hyper-parameters (those travel in
+        ``state_dict``); a verl checkpoint records them (``rlkit.patches.checkpoint_fingerprint``)."""
+        return {
+            "impl": self.impl,
+            "rank0_owner": self.rank0_owner,
+            "skip_nonfinite": self.skip_nonfinite,
+            "check_identical_grads": self.check_identical_grads,
+            "pin_memory": self.staging.pinned,
+            "broadcast_device": str(self._broadcast_device) if self._broadcast_device is not None else "host",
+            "host_threads": self.host_threads,
+            "group_size": dist.get_world_size(self._group) if self._group is not None else 1,
+        }
+
     # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state_dict plus ``"host_adamw"``: whether this rank holds Adam state (``rank0_owner``), so that
+        :meth:`load_state_dict` refuses another rank's layout (torch's ``load_state_dict`` ignores the key)."""
+        state_dict = super().state_dict()
+        state_dict[STATE_DICT_KEY] = {"rank0_owner": self.rank0_owner, "is_owner": self.is_owner}
+        return state_dict
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Like torch's, but state tensors stay on the host (fp32) instead of moving to the params' device."""
+        """Like torch's, but state tensors stay on the host (fp32) instead of moving to the params' device.
+
+        A state dict HostAdamW saved on a rank with the other role (the rank-0 owner's on a rank without state, or
+        a non-owner's, which holds no Adam state, on a rank that steps) is refused: loaded, the owner would restart
+        its moments from zero and the ranks would drift apart without an error."""
+        saved_role = state_dict.get(STATE_DICT_KEY)
+        if saved_role is not None and bool(saved_role.get("is_owner", True)) != self.is_owner:
+            def role(owner: bool, rank0_owner) -> str:
+                return ("holds Adam state" if owner else "holds no Adam state") + f" (rank0_owner={rank0_owner})"
+
+            saved = role(bool(saved_role.get("is_owner")), saved_role.get("rank0_owner"))
+            raise ValueError(
+                f"HostAdamW.load_state_dict: the state dict was saved by a rank that {saved}, and this rank "
+                f"{role(self.is_owner, self.rank0_owner)}. Fix: build the optimizer with the saved rank0_owner and "
+                f"process group, and load each rank's own state dict.")
         groups, saved_groups = self.param_groups, state_dict["param_groups"]
         if len(groups) != len(saved_groups):
             raise ValueError(f"state_dict has {len(saved_groups)} param groups, this optimizer {len(groups)}. "

@@ -1,0 +1,271 @@
+"""A patch fingerprint beside every verl 0.9.1 FSDP checkpoint, checked before a resume loads anything.
+
+What verl saves (``verl.utils.checkpoint.fsdp_checkpoint_manager.FSDPCheckpointManager``, which
+``FSDPEngine.save_checkpoint`` / ``load_checkpoint`` call): every rank writes its own
+``model_world_size_{W}_rank_{r}.pt`` (``model.state_dict()`` under ``SHARDED_STATE_DICT``, which FSDP1 turns into
+the full state dict for NO_SHARD), ``optim_world_size_{W}_rank_{r}.pt`` (the rank's plain
+``optimizer.state_dict()``: verl never calls ``FSDP.optim_state_dict``, so a custom optimizer's own state_dict is
+what lands on disk) and ``extra_state_world_size_{W}_rank_{r}.pt`` (lr scheduler, RNG); on load each rank reads its
+own three files back with ``model.load_state_dict`` / ``optimizer.load_state_dict``. Nothing in them says how the
+run was patched, and some differences load without an error and train wrongly: with HostAdamW's rank-0 owner, rank
+1's optimizer file holds no Adam state, so a run without the owner starts rank 1 from zero moments and the replicas
+drift apart silently.
+
+The patch wraps both methods of the manager:
+
+* ``save_checkpoint`` of a patched run first writes ``rlkit_patches.json`` into the checkpoint folder (rank 0; each
+  rank's part is gathered; an unpatched run's checkpoint stays exactly verl's): the rlkit patches selected in this process (:func:`rlkit.patches.active` and those waiting for their
+  targets), the optimizer's class and options (HostAdamW's :meth:`~rlkit.optim.HostAdamW.options`), which ranks
+  hold Adam state, the world size, the contents saved, the versions. Then verl's save runs unchanged. (Written
+  first, so a checkpoint verl finished always has one; verl's tracker file marks a checkpoint complete only after.)
+* ``load_checkpoint`` first compares that file with this run (:func:`mismatches`) and, on any difference in
+  :data:`CHECKED`, raises :class:`CheckpointMismatchError` on every rank, naming each difference and the fix,
+  before verl reads a tensor. A checkpoint without the file was written without this patch: accepted only when
+  this run is unpatched too (no rlkit patch, not HostAdamW). ``RLKIT_ALLOW_CHECKPOINT_MISMATCH=1`` loads it
+  anyway, with the differences printed.
+
+Versions are recorded, not compared (every patch checks its own version range when it applies). The plugin
+applies this patch in every verl process it enters, with or without a selection (``rlkit.verl_plugin``): an unpatched
+run only checks what it loads (a stock run resuming a patched checkpoint is refused), and it changes no
+computation.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import metadata
+from typing import Any
+
+from rlkit.patches import KNOWN_PATCHES, Patch, import_target, replace_attr
+
+VERL_MODULE = "verl.utils.checkpoint.fsdp_checkpoint_manager"
+FILENAME = "rlkit_patches.json"
+FORMAT = 1
+ALLOW_ENV = "RLKIT_ALLOW_CHECKPOINT_MISMATCH"
+# What must agree for a resume: the patches, the optimizer's class, the HostAdamW options that decide what each
+# rank's optimizer file holds or how the next steps compute, which ranks hold Adam state, the world size.
+# The other options (pin_memory, broadcast_device, host_threads, check_identical_grads) are recorded only: they
+# change neither the state nor the numbers.
+HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite")
+CHECKED = ("patches", "optimizer", *(f"HostAdamW {o}" for o in HOST_ADAMW_CHECKED), "adam_state_ranks", "world_size")
+_VERSIONED = ("torch", "verl", "transformers", "rlkit")
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint written by a differently patched run (see :func:`mismatches`)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the fingerprint
+
+
+def selected_patches() -> list[str]:
+    """The rlkit patches of this process, applied or waiting for their targets, in registry order."""
+    from rlkit import patches
+
+    names = set(patches.active()) | {p.name for p in patches.pending()}
+    return [n for n in KNOWN_PATCHES if n in names]
+
+
+def optimizer_fingerprint(optimizer) -> dict[str, Any]:
+    """The optimizer's class and options (HostAdamW's; none for others: their hyper-parameters live in state_dict)."""
+    if optimizer is None:
+        return {"class": None, "options": {}, "holds_adam_state": False}
+    cls = type(optimizer)
+    options = optimizer.options() if callable(getattr(optimizer, "options", None)) else {}
+    holds = bool(getattr(optimizer, "is_owner", True))
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "options": options, "holds_adam_state": holds}
+
+
+def _versions() -> dict[str, str | None]:
+    out = {}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _rank_parts(manager) -> list[dict[str, Any]]:
+    """Every rank's optimizer fingerprint, in rank order (a collective over the default group)."""
+    import torch.distributed as dist
+
+    part = {"rank": dist.get_rank(), "optimizer": optimizer_fingerprint(manager.optimizer)}
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, part)
+    return parts
+
+
+def fingerprint(manager, *, global_step: int | None = None) -> dict:
+    """This run's fingerprint for ``manager`` (an FSDPCheckpointManager); a collective (every rank's optimizer)."""
+    from rlkit.patches import master_on_host_verl
+
+    parts = _rank_parts(manager)
+    optimizer = dict(parts[0]["optimizer"])
+    optimizer.pop("holds_adam_state")
+    return {
+        "format": FORMAT,
+        "written_by": __name__,
+        "global_step": global_step,
+        "patches": selected_patches(),
+        "wiring": ["master_on_host_verl"] if master_on_host_verl.PATCH.active() else [],
+        "optimizer": optimizer,
+        "adam_state_ranks": [p["rank"] for p in parts if p["optimizer"]["holds_adam_state"]],
+        "world_size": len(parts),
+        "contents": {"save": list(manager.checkpoint_save_contents), "load": list(manager.checkpoint_load_contents)},
+        "versions": _versions(),
+    }
+
+
+def is_unpatched(fp: dict) -> bool:
+    """A run that needs no fingerprint: no rlkit patch and not HostAdamW."""
+    return not fp["patches"] and not str(fp["optimizer"].get("class") or "").startswith("rlkit.")
+
+
+def mismatches(saved: dict | None, current: dict) -> list[str]:
+    """The differences in :data:`CHECKED` between a checkpoint's fingerprint and this run's, as sentences."""
+    if saved is None:
+        if is_unpatched(current):
+            return []
+        return [(f"the checkpoint has no {FILENAME}: it was written by a run without rlkit's checkpoint fingerprint "
+                 f"(stock verl, or an rlkit before it), and this run has patches {current['patches']} and optimizer "
+                 f"{current['optimizer']['class']}")]
+    found = []
+    old, new = list(saved.get("patches") or []), current["patches"]
+    for name in old:
+        if name not in new:
+            found.append(f"patch {name}: active in the run that wrote the checkpoint, not in this run")
+    for name in new:
+        if name not in old:
+            found.append(f"patch {name}: active in this run, not in the run that wrote the checkpoint")
+    optimizer_loaded = "optimizer" in current["contents"]["load"] and "optimizer" in saved.get(
+        "contents", {}).get("save", ["optimizer"])
+    if optimizer_loaded:
+        was, now = saved.get("optimizer") or {}, current["optimizer"]
+        optimizer = []
+        if was.get("class") != now["class"]:
+            optimizer.append(f"optimizer: {was.get('class')} wrote the checkpoint, this run builds {now['class']}")
+        elif str(now["class"]).endswith("HostAdamW"):
+            for option in HOST_ADAMW_CHECKED:
+                a, b = (was.get("options") or {}).get(option), now["options"].get(option)
+                if a != b:
+                    optimizer.append(f"HostAdamW {option}: {a!r} in the checkpoint, {b!r} in this run")
+        same_world = saved.get("world_size") == current["world_size"]
+        if saved.get("adam_state_ranks") != current["adam_state_ranks"] and not optimizer and same_world:
+            # Named on its own only when nothing above explains it (e.g. the owner of another process group).
+            optimizer.append(f"Adam state: held by ranks {saved.get('adam_state_ranks')} in the checkpoint, "
+                             f"by ranks {current['adam_state_ranks']} in this run")
+        found += optimizer
+    if saved.get("world_size") != current["world_size"]:
+        found.append(f"world_size: {saved.get('world_size')} ranks wrote the checkpoint, this run has "
+                     f"{current['world_size']}")
+    return found
+
+
+def _fix(saved: dict | None) -> str:
+    if saved is None:
+        return ("resume with the same patches and optimizer that wrote it (unpatched: RLKIT_PATCHES unset and "
+                "torch's AdamW), or start a fresh run (trainer.resume_mode=disable)")
+    options = (saved.get("optimizer") or {}).get("options") or {}
+    override = ",".join(f"{o}:{json.dumps(options[o])}" for o in HOST_ADAMW_CHECKED if o in options)
+    optimizer = f"optimizer {(saved.get('optimizer') or {}).get('class')}"
+    if override:
+        optimizer += f" with actor.optim.override_optimizer_config={{{override}}}"
+    return (f"resume with the settings that wrote it (RLKIT_PATCHES={','.join(saved.get('patches') or [])}, "
+            f"{optimizer}, {saved.get('world_size')} ranks), or start a fresh run (trainer.resume_mode=disable)")
+
+
+def refusal(path: str, saved: dict | None, found: list[str]) -> str:
+    lines = "\n".join(f"  - {f}" for f in found)
+    return (f"rlkit refuses to resume from {path}: the checkpoint was written by a differently patched run.\n"
+            f"{lines}\nFix: {_fix(saved)}; or set {ALLOW_ENV}=1 to load it anyway.")
+
+
+def read(local_path: str) -> dict | None:
+    path = os.path.join(local_path, FILENAME)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write(manager, local_path: str, global_step: int | None = None) -> dict:
+    """Gather every rank's part and write the fingerprint (rank 0); returns it on every rank. An unpatched run writes
+    nothing (:func:`is_unpatched`, the same answer on every rank): its checkpoint stays exactly verl's, and a
+    checkpoint without the file loads only into an unpatched run."""
+    import torch.distributed as dist
+
+    fp = fingerprint(manager, global_step=global_step)
+    if is_unpatched(fp):
+        return fp
+    if dist.get_rank() == 0:
+        os.makedirs(local_path, exist_ok=True)
+        target = os.path.join(local_path, FILENAME)
+        tmp = target + ".partial"
+        with open(tmp, "w") as f:
+            json.dump(fp, f, indent=2, default=str)
+        os.replace(tmp, target)
+    return fp
+
+
+def check(manager, local_path: str) -> list[str]:
+    """Compare the checkpoint's fingerprint with this run; raise :class:`CheckpointMismatchError` on every rank on a
+    difference (rank 0 reads the file, so only it needs to see the folder). Returns the differences (allowed)."""
+    import torch.distributed as dist
+
+    current = fingerprint(manager)
+    box = [read(local_path) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    saved = box[0]
+    found = mismatches(saved, current)
+    if not found:
+        return []
+    message = refusal(local_path, saved, found)
+    if os.environ.get(ALLOW_ENV, "").strip() in ("1", "true", "True"):
+        if dist.get_rank() == 0:
+            print(f"{message}\n{ALLOW_ENV} is set: loading it anyway.", file=sys.stderr, flush=True)
+        return found
+    raise CheckpointMismatchError(message)
+
+
+# ----------------------------------------------------------------------------------------------
+# the patch
+
+
+def _apply():
+    manager_cls = import_target("checkpoint_fingerprint", VERL_MODULE).FSDPCheckpointManager
+    original_save, original_load = manager_cls.save_checkpoint, manager_cls.load_checkpoint
+
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep=None):
+        if local_path is not None:
+            write(self, local_path, global_step)
+        return original_save(self, local_path, hdfs_path=hdfs_path, global_step=global_step,
+                             max_ckpt_to_keep=max_ckpt_to_keep)
+
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load=False):
+        if local_path is not None:
+            check(self, local_path)
+        return original_load(self, local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load)
+
+    save_checkpoint.__doc__, load_checkpoint.__doc__ = original_save.__doc__, original_load.__doc__
+    save_checkpoint.__rlkit_patch__ = load_checkpoint.__rlkit_patch__ = "checkpoint_fingerprint"
+    undo_save = replace_attr(manager_cls, "save_checkpoint", save_checkpoint)
+    undo_load = replace_attr(manager_cls, "load_checkpoint", load_checkpoint)
+
+    def undo() -> None:
+        undo_load()
+        undo_save()
+
+    return undo
+
+
+PATCH = Patch(
+    name="checkpoint_fingerprint",
+    summary="verl FSDP checkpoints carry rlkit_patches.json; a resume from a differently patched run is refused",
+    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    apply_fn=_apply,
+    targets=(VERL_MODULE,),
+)
