@@ -97,3 +97,40 @@ def environment_report() -> dict:
         "git_sha": git_sha(),
         "active_patches": patches.active(),
     }
+
+
+def gpu_name(env: dict | None) -> str | None:
+    """The first GPU's name in an :func:`environment_report` (a run's ``env.json``), None without one."""
+    return next((g["name"] for g in (env or {}).get("gpus", [])), None)
+
+
+def read_saved(run_dir: str | os.PathLike) -> dict | None:
+    """A run folder's ``env.json`` (where its results were measured), None when it has none."""
+    import json
+
+    path = Path(run_dir) / "env.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def summary(env: dict) -> str:
+    """Two lines a notebook prints about an :func:`environment_report`: Python, CUDA, commit and patches, then the
+    versions that are installed and the GPUs."""
+    head = {k: env.get(k) for k in ("python", "torch_cuda", "git_sha", "active_patches")}
+    versions = {k: v for k, v in env.get("versions", {}).items() if v}
+    return f"{head}\n{versions} | GPUs: {[g['name'] for g in env.get('gpus', [])] or 'none'}"
+
+
+def where_measured(results_dir: str | os.PathLike) -> str:
+    """Where saved results were measured, from their ``env.json``: the one run's, or one line per run folder in it
+    (notebooks print this beside their own environment, which is only where they were rendered)."""
+    folder = Path(results_dir)
+    folder = folder if folder.is_absolute() else REPO_ROOT / folder  # notebooks run in nbs/; paths are the repo's
+    own = read_saved(folder)
+    if own is not None:
+        return summary(own)
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "env.json").exists()) if folder.is_dir() else []
+    if not runs:
+        return f"{folder} has no env.json: where these results were measured is not recorded"
+    return "\n".join(f"{p.name}: commit {env.get('git_sha')}, {gpu_name(env) or 'no GPU'}, "
+                     f"torch {env.get('versions', {}).get('torch')}, verl {env.get('versions', {}).get('verl')}, "
+                     f"vllm {env.get('versions', {}).get('vllm')}" for p in runs for env in [read_saved(p)])

@@ -328,6 +328,7 @@ def _pct(value) -> str:
 
 def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """Notebook 05's trained arms, each phase against its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
+    from rlkit.env import gpu_name, read_saved
     from rlkit.grpo import limits_row, outcome, phase_limits
 
     arms, commits = committed_arms(root)
@@ -335,8 +336,7 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     arms, commits = {**arms, **seed_arms}, {**commits, **seed_commits}
     rows = []
     for name, m in arms.items():
-        env = root / "05_grpo_qwen3_4b" / name / "env.json"
-        gpu = next((g["name"] for g in json.loads(env.read_text()).get("gpus", [])), None) if env.exists() else None
+        gpu = gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))
         if outcome(m).startswith("trained"):
             rows.append((name, limits_row(name, phase_limits(m, gpu))))
     if not rows:

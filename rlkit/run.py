@@ -125,13 +125,41 @@ def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str |
     try:
         papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
                                    cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s,
-                                   kernel_manager_class=kernel_manager_class())
+                                   kernel_manager_class=kernel_manager_class(),
+                                   # widget state holds each FigureWidget's JavaScript (MBs per figure); the saved copy
+                                   # shows the PNG that rlkit.viz.static puts beside every figure instead
+                                   store_widget_state=False)
     finally:
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    if output.exists():
+        drop_widget_views(output)
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def drop_widget_views(path: Path) -> int:
+    """Remove the widget views of a saved notebook whose widget state is not stored (papermill runs with
+    ``store_widget_state=False``): without their models JupyterLab would show an error where each widget was, so an
+    output keeps its other representations (the figure's plotly JSON, its PNG, the text), and an output that had
+    only the view keeps a line saying what was there. Returns how many views were dropped."""
+    nb = json.loads(path.read_text())
+    nb.get("metadata", {}).pop("widgets", None)
+    dropped = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            data = out.get("data") or {}
+            if WIDGET_VIEW in data:
+                data.pop(WIDGET_VIEW)
+                dropped += 1
+                if not set(data) - {"text/plain"}:
+                    data["text/plain"] = "(an interactive control: run the notebook to use it)"
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return dropped
 
 
 def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = True,
@@ -170,6 +198,7 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
     if not saved:
         raise RunError(f"{results_dir} has no metrics.json to render, directly or in its sub-folders; "
                        "run the experiment first")
+    values = saved_parameters(path, values, results_dir, progress=progress)
     start = time.perf_counter()
     target = results_dir / "executed.ipynb"
     partial = results_dir / ".executed.partial.ipynb"
@@ -181,6 +210,24 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
             return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir, error=_short(err))
     partial.replace(target)
     return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir)
+
+
+def saved_parameters(path: Path, values: dict[str, Any], results_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """The parameters a rendered notebook shows: the run's own ``params.yaml`` where the folder is one run, over
+    ``values`` (the profile), so the parameters cell states what ran; fields the run predates keep the profile's
+    value, and are named. A folder of runs keeps ``values``."""
+    import yaml
+
+    saved_file = results_dir / "params.yaml"
+    if not saved_file.exists():
+        return values
+    saved = yaml.safe_load(saved_file.read_text()) or {}
+    merged = {**values, **saved}
+    check_parameters(path, merged, f"{saved_file} over the profile")
+    predates = sorted(set(values) - set(saved) - NOTEBOOK_ONLY)
+    if predates and progress:
+        print(f"{saved_file} predates {predates}: the profile's values stand in for them")
+    return merged
 
 
 def _short(err: Exception) -> str:

@@ -175,3 +175,48 @@ def test_real_errors_stay_visible(notebook, tmp_path, monkeypatch, capfd):
     assert R.main([str(path), "--profile", str(profile), "--quiet", "-p", "x=-1"]) == 1
     out, _ = capfd.readouterr()
     assert "FAILED" in out and "x must be non-negative" in out
+
+
+def test_render_states_the_runs_own_parameters(tmp_path, capsys):
+    """A run folder with params.yaml renders with those values in the injected parameters cell, over the profile;
+    a field the run predates keeps the profile's value and is named."""
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("print('x is', x, 'label is', label)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "demo.ipynb"
+    nbformat.write(nb, path)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "metrics.json").write_text(json.dumps({"x": 7}))
+    (saved / "params.yaml").write_text(yaml.safe_dump({"x": 7}))
+    result = R.render(path, {"x": 1, "label": "a"}, saved, progress=True)
+    assert result.ok, result.error
+    executed = nbformat.read(saved / "executed.ipynb", as_version=4)
+    injected = next(c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", []))
+    assert "x = 7" in injected.source and 'label = "a"' in injected.source
+    assert "x is 7 label is a" in executed.cells[-1].outputs[0]["text"]
+    assert "predates ['label']" in capsys.readouterr().out
+    (saved / "params.yaml").write_text(yaml.safe_dump({"x": 7, "nope": 1}))
+    with pytest.raises(ParamError, match="nope"):
+        R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+
+
+def test_saved_copies_drop_widget_views_and_keep_the_other_representations(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("fig")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        R.WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0},
+        "application/vnd.plotly.v1+json": {"data": []}, "image/png": "iVBOR", "text/plain": "FigureWidget"}),
+        nbformat.v4.new_output("display_data", data={R.WIDGET_VIEW: {"model_id": "def"}, "text/plain": "IntSlider()"})]
+    nb.cells = [cell]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"abc": {}}}}
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    assert R.drop_widget_views(path) == 2
+    saved = nbformat.read(path, as_version=4)
+    first, second = (o["data"] for o in saved.cells[0].outputs)
+    assert set(first) == {"application/vnd.plotly.v1+json", "image/png", "text/plain"} and "widgets" not in saved.metadata
+    assert set(second) == {"text/plain"} and "run the notebook" in second["text/plain"]
+    nbformat.validate(saved)

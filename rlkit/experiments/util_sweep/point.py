@@ -2,7 +2,6 @@
 job's output, the planner beside it, and a saved point analysed again."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import budget, verl_job, verl_logs
+from rlkit import env as env_mod
 from rlkit import params as P
 from rlkit.experiments.util_sweep.comparison import comparison_rows, cost_summary, emulated_verdict
 from rlkit.experiments.util_sweep.config import (
@@ -196,7 +196,7 @@ def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]
     print(reason)
     measured = launch_measured(recipe, overrides, out, cfg) if launched else None
     return {
-        **point_metrics(cfg, emulation, measured, reason, next((g["name"] for g in gpus()), None)),
+        **point_metrics(cfg, emulation, measured, reason, env_mod.gpu_name({"gpus": gpus()})),
         "recipe": P.as_dict(recipe),
         "data": data_info,
         "model": model_info,
@@ -256,9 +256,8 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
             measured[kept] = old[kept]
     history = list((metrics.get("analysis") or {}).get("history", []))
     history.append({"rlkit_sha": git_sha(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    env = path / "env.json"
-    gpu_name = next((g["name"] for g in json.loads(env.read_text()).get("gpus", [])), None) if env.exists() else None
-    metrics.update(point_metrics(cfg, metrics["emulation"], measured, metrics["launch_reason"], gpu_name))
+    metrics.update(point_metrics(cfg, metrics["emulation"], measured, metrics["launch_reason"],
+                                 env_mod.gpu_name(env_mod.read_saved(path))))
     metrics["analysis"] = {"source": "verl.log and the saved 1 Hz samples, analysed again", "history": history}
     write_json_atomic(path / "metrics.json", metrics)
     return metrics
