@@ -12,10 +12,17 @@ how many rows remain. The schema is verl-native, one row per prompt:
 
 :func:`synthetic_dapo` writes integer-answer arithmetic problems in exactly that schema, so offline
 runs and tests exercise the same reading path as the real data.
+
+:func:`target_rows` turns any of these rows (synthetic or real) into a row of the target-character task
+(:func:`rlkit.reward.target_chars`): the target set is derived from the prompt (:func:`rlkit.reward.target_set_of`),
+a line naming it opens the prompt, and ``extra_info["target_chars"]`` carries it to the reward. Nothing else
+changes (same columns, the math answer kept as ground truth), so ``targets=True`` in :func:`prepare` gives the
+task on the synthetic set and on DAPO-Math-17k alike.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -64,24 +71,48 @@ def _as_plain(value):
     return value
 
 
+ROW_FIX = ("Fix: repair or drop that row (pandas: frame.drop(index=[...])), or re-download the published parquet "
+           f"({DAPO_URL}; data/README.md). Nothing has been written")
+
+
 def validate_row(row: dict[str, Any], where: str = "row") -> None:
-    """Raise :class:`DataSchemaError` unless ``row`` has the DAPO/verl schema."""
+    """Raise :class:`DataSchemaError` unless ``row`` has the DAPO/verl schema; the message names ``where`` (the
+    file and row), the key, what was found, and the fix."""
+    def bad(key: str, expected: str, found: Any) -> DataSchemaError:
+        missing = found is None or (isinstance(found, float) and math.isnan(found))  # parquet's null: None or NaN
+        got = "null (the value is missing)" if missing else repr(found)
+        return DataSchemaError(f"{where}: {key} must be {expected}, found {got}. {ROW_FIX}")
+
     missing = [c for c in COLUMNS if c not in row]
     if missing:
-        raise DataSchemaError(f"{where}: missing columns {missing}; a DAPO row needs {list(COLUMNS)}")
+        raise DataSchemaError(f"{where}: missing columns {missing}; a DAPO row needs {list(COLUMNS)}. {ROW_FIX}")
     if not isinstance(row["data_source"], str) or not row["data_source"]:
-        raise DataSchemaError(f"{where}: data_source must be a non-empty string (e.g. 'math_dapo')")
+        raise bad("data_source", "a non-empty string (e.g. 'math_dapo')", row["data_source"])
     prompt = row["prompt"]
-    if (not isinstance(prompt, list) or not prompt
-            or not all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)):
-        raise DataSchemaError(f"{where}: prompt must be a non-empty list of {{'role', 'content'}} chat messages")
+    if not isinstance(prompt, list) or not prompt:
+        raise bad("prompt", "a non-empty list of {'role', 'content'} chat messages", prompt)
+    for j, message in enumerate(prompt):
+        if not isinstance(message, dict) or not {"role", "content"} <= set(message):
+            raise bad(f"prompt[{j}]", "a chat message with 'role' and 'content'", message)
+        for field in ("role", "content"):
+            if not isinstance(message[field], str) or not message[field]:
+                raise bad(f"prompt[{j}].{field}", "a non-empty string", message[field])
     if not isinstance(row["ability"], str):
-        raise DataSchemaError(f"{where}: ability must be a string (e.g. 'MATH')")
+        raise bad("ability", "a string (e.g. 'MATH')", row["ability"])
     reward_model = row["reward_model"]
-    if not isinstance(reward_model, dict) or not isinstance(reward_model.get("ground_truth"), str):
-        raise DataSchemaError(f"{where}: reward_model.ground_truth must be a string (the reference answer)")
+    if not isinstance(reward_model, dict):
+        raise bad("reward_model", "a mapping with a 'ground_truth' string", reward_model)
+    if not isinstance(reward_model.get("ground_truth"), str) or not reward_model["ground_truth"].strip():
+        raise bad("reward_model.ground_truth", "a string (the reference answer, not empty)",
+                  reward_model.get("ground_truth"))
     if not isinstance(row["extra_info"], dict):
-        raise DataSchemaError(f"{where}: extra_info must be a mapping (e.g. {{'index': '<id>'}})")
+        raise bad("extra_info", "a mapping (e.g. {'index': '<id>'})", row["extra_info"])
+
+
+def _row_name(source: str, i: int, row: dict[str, Any]) -> str:
+    """How a message names row ``i`` of ``source``: its position, and its DAPO index where it has one."""
+    index = row.get("extra_info", {}).get("index") if isinstance(row.get("extra_info"), dict) else None
+    return f"data {source!r} row {i}" + (f" (extra_info.index={index!r})" if index is not None else "")
 
 
 def _read_rows(source: str) -> list[dict[str, Any]]:
@@ -132,18 +163,22 @@ def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
     return _read_rows(str(path))
 
 
-def load_dapo(source: str, out_path: str | Path | None = None, *, max_rows: int | None = None) -> DatasetInfo:
+def load_dapo(source: str, out_path: str | Path | None = None, *, max_rows: int | None = None,
+              targets: bool = False) -> DatasetInfo:
     """Read DAPO-Math-17k from a local parquet or a hub id, validate, deduplicate, write a parquet.
 
-    ``max_rows`` keeps the first rows after deduplication (a smaller epoch for short runs).
+    ``max_rows`` keeps the first rows after deduplication (a smaller epoch for short runs); ``targets``
+    writes them as rows of the target-character task (:func:`target_rows`).
     """
     rows = _read_rows(source)
     for i, row in enumerate(rows):
-        validate_row(row, where=f"{source} row {i}")
+        validate_row(row, where=_row_name(source, i, row))
     unique = dedupe(rows)
     if max_rows is not None:
         unique = unique[:max_rows]
-    out = Path(out_path) if out_path else GENERATED_DIR / "dapo-math-17k.dedup.parquet"
+    if targets:
+        unique = target_rows(unique)
+    out = Path(out_path) if out_path else default_path(source, 0, targets=targets)
     write_parquet(unique, out)
     info = DatasetInfo(str(out), source, len(rows), len(unique))
     print(f"DAPO data {source}: {info.rows_read} rows read, {info.rows} unique prompts kept -> {out}")
@@ -176,22 +211,55 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def synthetic_dapo(n: int = 2048, seed: int = 0, out_path: str | Path | None = None) -> DatasetInfo:
-    """Write ``n`` synthetic DAPO-schema rows to a parquet file (default under data/generated/)."""
+def target_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` as rows of the target-character task: each prompt's set (:func:`rlkit.reward.target_set_of` of its
+    text) named in a line before it and kept in ``extra_info``; rows that already carry a set are kept as they are."""
+    from rlkit import reward
+
+    out = []
+    for row in rows:
+        if reward.TARGET_KEY in row["extra_info"]:
+            out.append(row)
+            continue
+        targets = reward.target_set_of("\n".join(m["content"] for m in row["prompt"]))
+        first, *rest = row["prompt"]
+        prompt = [{**first, "content": reward.target_instruction(targets) + first["content"]}, *rest]
+        out.append({**row, "prompt": prompt, "extra_info": {**row["extra_info"], reward.TARGET_KEY: targets}})
+    return out
+
+
+def synthetic_dapo(n: int = 2048, seed: int = 0, out_path: str | Path | None = None, *,
+                   targets: bool = False) -> DatasetInfo:
+    """Write ``n`` synthetic DAPO-schema rows to a parquet file (default under data/generated/); ``targets``:
+    as rows of the target-character task (:func:`target_rows`)."""
     rows = synthetic_rows(n, seed)
+    if targets:
+        rows = target_rows(rows)
     for i, row in enumerate(rows):
         validate_row(row, where=f"synthetic row {i}")
-    out = Path(out_path) if out_path else GENERATED_DIR / f"synthetic-dapo-{n}-seed{seed}.parquet"
+    out = Path(out_path) if out_path else default_path("synthetic", n, seed, targets=targets)
     write_parquet(rows, out)
     return DatasetInfo(str(out), "synthetic", len(rows), len(rows))
 
 
-def prepare(data: str, *, rows: int, seed: int = 0, out_dir: str | Path | None = None) -> DatasetInfo:
-    """The recipe's data step: ``data="synthetic"`` -> generated set, else the real DAPO loader."""
+def default_path(data: str, rows: int, seed: int = 0, out_dir: str | Path | None = None, *,
+                 targets: bool = False) -> Path:
+    """Where :func:`prepare` writes the parquet verl reads (nothing is touched)."""
     out_dir = Path(out_dir) if out_dir else GENERATED_DIR
+    task = "-targets" if targets else ""
     if data == "synthetic":
-        return synthetic_dapo(rows, seed, out_dir / f"synthetic-dapo-{rows}-seed{seed}.parquet")
-    return load_dapo(data, out_dir / "dapo-math-17k.dedup.parquet", max_rows=rows or None)
+        return out_dir / f"synthetic-dapo-{rows}-seed{seed}{task}.parquet"
+    return out_dir / f"dapo-math-17k.dedup{task}.parquet"
+
+
+def prepare(data: str, *, rows: int, seed: int = 0, out_dir: str | Path | None = None,
+            targets: bool = False) -> DatasetInfo:
+    """The recipe's data step: ``data="synthetic"`` -> generated set, else the real DAPO loader; ``targets``:
+    rows of the target-character task (:func:`target_rows`)."""
+    out = default_path(data, rows, seed, out_dir, targets=targets)
+    if data == "synthetic":
+        return synthetic_dapo(rows, seed, out, targets=targets)
+    return load_dapo(data, out, max_rows=rows or None, targets=targets)
 
 
 def corpus(rows: list[dict[str, Any]]) -> list[str]:

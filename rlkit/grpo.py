@@ -97,8 +97,9 @@ def sanity(steps: list[dict[str, Any]], rank_rows: list[dict[str, Any]], n_gpus:
             "rank_check_s_mean": (sum(r["seconds"] for r in rank_rows) / len(rank_rows)) if rank_rows else None}
 
 
-def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The whole recipe; returns ``metrics.json`` content (see ``METRICS_KEYS``)."""
+def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None, *, how_to_run: str = HOW_TO_RUN) -> dict[str, Any]:
+    """The whole recipe; returns ``metrics.json`` content (see ``METRICS_KEYS``). ``how_to_run``: where to run it
+    when the launch is skipped (an experiment that runs the recipe names its own command)."""
     from rlkit.results import notebook_out_dir
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
@@ -106,7 +107,7 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
     paths, data_info, model_info = prepare(recipe)
     overrides = render_overrides(recipe, paths, out)
     preflight = verl_job.preflight_findings(recipe, overrides)
-    launched, reason = verl_job.launch_decision(recipe.launch, recipe.n_gpus, HOW_TO_RUN)
+    launched, reason = verl_job.launch_decision(recipe.launch, recipe.n_gpus, how_to_run)
     if launched and not recipe.verify_before_launch:
         verify = {"skipped": "verify_before_launch is false: verl validates the same overrides at start-up and "
                              "every verl process's plugin record is checked after the run"}
@@ -117,9 +118,9 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None) -> dict[st
                              verify=verify, launch_reason=reason,
                              launch=launch_verl(recipe, overrides, out) if launched else None)
     if launched:
-        from rlkit.env import gpus
+        from rlkit.env import gpu_name, gpus
 
-        metrics["limits"] = phase_limits(metrics, next((g["name"] for g in gpus()), None))
+        metrics["limits"] = phase_limits(metrics, gpu_name({"gpus": gpus()}))
     return metrics
 
 
@@ -448,7 +449,8 @@ def describe(metrics: dict[str, Any]) -> str:
     launch = metrics.get("launch") or {}
     if metrics.get("launched"):
         lines.append(f"Outcome: {outcome(metrics)}." + (f" verl: {launch['failure']['line'][:420]}"
-                                                          if launch.get("failure") else ""))
+                                                          if launch.get("failure") else "")
+                     + (f" Fix: {launch['failure']['fix']}." if (launch.get("failure") or {}).get("fix") else ""))
         if launch.get("collected"):
             lines.append(f"Metrics collected after the run from {launch['collected']['from']}: "
                          f"{launch['collected']['note']}.")

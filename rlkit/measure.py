@@ -271,18 +271,37 @@ def gpu_process_memory_reader():
     return read
 
 
+MEMINFO = Path("/proc/meminfo")
+
+
+def read_meminfo(path: str | os.PathLike = MEMINFO) -> dict[str, int] | None:
+    """The fields of a Linux ``/proc/meminfo`` in bytes (``MemTotal``, ``MemAvailable``, ...); None where the
+    file does not exist (not Linux)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    fields = {}
+    for line in path.read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if rest.split():
+            fields[key] = int(rest.split()[0]) * (1024 if rest.strip().endswith("kB") else 1)
+    return fields
+
+
+def host_available_bytes(path: str | os.PathLike = MEMINFO) -> int | None:
+    """``MemAvailable`` of this host in bytes (what new allocations can get without swapping); None where unknown."""
+    fields = read_meminfo(path)
+    return None if fields is None or "MemAvailable" not in fields else fields["MemAvailable"]
+
+
 def host_memory_reader():
     """A function returning ``[used host GiB]``: MemTotal - MemAvailable from /proc/meminfo (memory new
     allocations cannot get, all processes of the node). Raises :class:`SamplerUnavailable` without it."""
-    meminfo = Path("/proc/meminfo")
-    if not meminfo.exists():
+    if not MEMINFO.exists():
         raise SamplerUnavailable("no /proc/meminfo: host memory sampling needs Linux")
 
     def read() -> list[float]:
-        fields = {}
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            fields[key] = int(rest.split()[0]) * 1024
+        fields = read_meminfo(MEMINFO)
         return [(fields["MemTotal"] - fields["MemAvailable"]) / GIB]
 
     return read

@@ -2,8 +2,8 @@
 
 Presets carry every field of the published config: ``transformers.Qwen3Config()`` defaults are not
 Qwen3-4B, so nothing is left to defaults. ``qwen3-735m`` is Qwen3-0.6B's layer shape with 37 layers
-(tied embeddings), the ~735M-parameter model of the offload-bug reproduction; ``tiny`` runs on a CPU
-in milliseconds; the Qwen2.5 presets are the second source document's models (Qwen2 architecture:
+(tied embeddings), the ~735M-parameter model of the offload-bug reproduction; ``qwen3-30m`` is the ~31M
+model of the learning check (notebook 07); ``tiny`` runs on a CPU in milliseconds; the Qwen2.5 presets are the second source document's models (Qwen2 architecture:
 biases on the q/k/v projections).
 """
 from __future__ import annotations
@@ -109,6 +109,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "max_position_embeddings": 40960,
         "max_window_layers": 37,
+    },
+    # A ~31M-parameter Qwen3 (qk-norm, GQA, SiLU MLP, tied embeddings) for the learning check of notebook 07:
+    # dozens of GRPO steps take minutes on one GPU. Its vocabulary is sized to the offline tokenizer
+    # (rlkit.offline_model trains ~4.6k byte-level BPE tokens on the synthetic DAPO texts), so nearly every id
+    # is a learned token and a sampled response is text, not <|filler_N|> padding; ids 1/2 are bos/eos as in
+    # "tiny". 30,681,728 parameters (tests/test_learning.py counts them from this config).
+    "qwen3-30m": {
+        **_QWEN3_COMMON,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 9,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 4608,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 4096,
+        "max_window_layers": 9,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
     # A CPU-sized Qwen3 for tests and tiny notebook profiles.
     "tiny": {

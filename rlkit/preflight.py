@@ -12,7 +12,10 @@ with fsdp_size=1 (no gradient all-reduce; param offload that frees nothing), whi
 fixed when the rlkit patch ``no_shard`` / ``offload_views`` is active. When the model and the GPU
 memory are known, the phase-budget planner's verdict is a finding too, and the logits path the actor will take
 (verl's unfused logits, verl's fused kernels, or rlkit's ``chunked_logprobs`` patch) is named with its GiB for
-the update micro-batch (padded or not, per ``use_remove_padding``) and the alternative's.
+the update micro-batch (padded or not, per ``use_remove_padding``) and the alternative's. With HostAdamW
+(``optimizer_impl=rlkit.optim``), its host state per node (fp32 masters, Adam moments, pinned staging buffers,
+:func:`rlkit.budget.host_adamw_bytes`) is held against the node's available host memory when that is given
+(``--host-gib``; ``auto``: this machine's ``MemAvailable``, what ``rlkit.verl_job`` passes before a launch).
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ class Context:
     ray_version: str | None
     gpu_gib: float | None
     planner_options: list[str]
+    host_available_gib: float | None = None  # host memory a job can get on a node (MemAvailable); None: unknown
 
 
 def _number(value: Any) -> float | None:
@@ -408,6 +412,68 @@ def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
     return [Finding("error", key, message, fix)]
 
 
+OPTIMIZER_IMPL = "actor_rollout_ref.actor.optim.optimizer_impl"
+PIN_MEMORY_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.pin_memory"
+
+
+def available_host_gib(meminfo: str | os.PathLike | None = None) -> float | None:
+    """This machine's ``MemAvailable`` in GiB (``meminfo``: a /proc/meminfo-format file; default this host's),
+    None where it cannot be read."""
+    from rlkit import measure
+
+    available = measure.host_available_bytes(meminfo or measure.MEMINFO)
+    return None if available is None else available / 2**30
+
+
+def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
+    """HostAdamW's host state per node against the node's available memory (a host OOM kills a Ray worker
+    with SIGKILL mid-update; a pin larger than the host fails at allocation, rlkit.optim.staging)."""
+    from rlkit import budget, model_shape
+
+    if "rlkit" not in str(c.get(OPTIMIZER_IMPL)):
+        return []
+    model = c.get(f"{MODEL}.path")
+    try:
+        shape = model_shape.resolve_model(model) if model else None
+    except ParamError:
+        shape = None
+    if shape is None:
+        return [Finding("info", OPTIMIZER_IMPL, f"HostAdamW's host memory not checked: model {model!r} matches no "
+                        "planner preset and no local config.json", "set actor_rollout_ref.model.path to a preset or "
+                        "a local model folder")]
+    ranks = int(c.get("trainer.n_gpus_per_node"))
+    owner = bool(c.is_set(RANK0_OWNER_KEY) and c.get(RANK0_OWNER_KEY))
+    on_host = "master_on_host" in ctx.active_patches
+    options = {"ranks": ranks, "param_offload": bool(c.get(f"{ACTOR_FSDP}.param_offload")),
+               "lora_rank": int(c.get(f"{MODEL}.lora_rank") or 0)}
+    need = budget.host_adamw_bytes(shape, rank0_owner=owner, master_on_host=on_host, **options)
+    gib = {k: v / 2**30 for k, v in need.items()}
+    total = sum(gib.values())
+    pinned = not (c.is_set(PIN_MEMORY_KEY) and c.get(PIN_MEMORY_KEY) is False)  # HostAdamW pins where CUDA is
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in gib.items() if v)
+    message = (f"HostAdamW holds {total:.2f} GiB of host memory per node for {shape.name} on {ranks} rank(s) "
+               f"({parts} GiB; rank0_owner={owner}, master_on_host={on_host}; staging "
+               f"{'pinned (page-locked)' if pinned else 'pageable'}); verl's other processes come on top "
+               f"(32-35 GiB more on the committed 2 x H200 Qwen3-4B arms)")
+    if ctx.host_available_gib is None:
+        return [Finding("info", OPTIMIZER_IMPL, message + "; the node's host memory is unknown",
+                        "pass --host-gib <GiB available on a node>, or --host-gib auto on the node")]
+    if total <= ctx.host_available_gib:
+        return [Finding("info", OPTIMIZER_IMPL, f"{message}; {ctx.host_available_gib:.2f} GiB available: fits "
+                        f"({ctx.host_available_gib - total:.2f} GiB left for the rest)", "none needed")]
+    alternatives = []
+    if not owner:
+        with_owner = sum(budget.host_adamw_bytes(shape, rank0_owner=True, master_on_host=on_host, **options).values())
+        alternatives.append(f"{RANK0_OWNER_KEY}=true ({with_owner / 2**30:.2f} GiB: Adam state on rank 0 only)")
+    if not on_host:
+        with_master = sum(budget.host_adamw_bytes(shape, rank0_owner=owner, master_on_host=True, **options).values())
+        alternatives.append(f"the master_on_host patch ({with_master / 2**30:.2f} GiB: no second fp32 copy)")
+    alternatives.append("a node with more free host memory")
+    return [Finding("error", OPTIMIZER_IMPL, f"{message}, but the node has {ctx.host_available_gib:.2f} GiB "
+                    f"available: the host runs out of memory (the kernel's OOM killer ends a Ray worker with SIGKILL, "
+                    f"or HostAdamW's pinned staging allocation fails)", "; or ".join(alternatives))]
+
+
 LOGITS_PATHS = {
     "torch_rowwise": "verl's unfused path: the model returns the micro-batch's full logits, log-softmax row by row",
     "verl_fused": "verl's fused kernels (torch backend): log-probs from the hidden states in {rows}-row chunks, "
@@ -476,6 +542,7 @@ CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
     "fsdp1_offload_frees_nothing": check_fsdp1_offload_frees_nothing,
     "metric_entropy_coeff": check_metric_entropy_coeff,
     "logits_path": check_logits_path,
+    "host_memory": check_host_memory,
     "planner": check_planner,
 }
 
@@ -489,11 +556,12 @@ def _installed(dist: str) -> str | None:
 
 def check_config(tree: Mapping[str, Any], active_patches: Iterable[str] | None = None, *,
                  gpu_gib: float | None = None, planner_options: Iterable[str] = (),
-                 env: Mapping[str, str] | None = None, ray_version: str | None = None) -> list[Finding]:
+                 env: Mapping[str, str] | None = None, ray_version: str | None = None,
+                 host_available_gib: float | None = None) -> list[Finding]:
     """All findings for a nested config dict (errors first).
 
     ``active_patches`` defaults to ``rlkit.patches.active()``; ``env`` to ``os.environ``; ``ray_version``
-    to the installed Ray.
+    to the installed Ray; ``host_available_gib`` (host memory a job can get on a node) to unknown.
     """
     if active_patches is None:
         from rlkit import patches
@@ -507,9 +575,11 @@ def check_config(tree: Mapping[str, Any], active_patches: Iterable[str] | None =
         raise PreflightInputError(f"patches: unknown rlkit patch(es) {unknown}; known: {list(KNOWN_PATCHES)}")
     if gpu_gib is not None and not gpu_gib > 0:
         raise PreflightInputError(f"gpu_gib: must be positive GiB, got {gpu_gib!r}")
+    if host_available_gib is not None and not host_available_gib >= 0:
+        raise PreflightInputError(f"host_gib: must be GiB >= 0, got {host_available_gib!r}")
     ctx = Context(active_patches=active_patches, env=os.environ if env is None else env,
                   ray_version=ray_version if ray_version is not None else _installed("ray"),
-                  gpu_gib=gpu_gib, planner_options=list(planner_options))
+                  gpu_gib=gpu_gib, planner_options=list(planner_options), host_available_gib=host_available_gib)
     config = VerlConfig(tree)
     findings = [f for name, check in CHECKS.items() for f in _named(check(config, ctx), name)]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
@@ -540,6 +610,20 @@ def format_findings(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+def _host_gib_arg(value: str | None) -> float | None:
+    if value is None:
+        return None
+    if value == "auto":
+        found = available_host_gib()
+        if found is None:
+            raise PreflightInputError("--host-gib auto: this machine has no /proc/meminfo. Fix: pass the GiB a node has")
+        return found
+    try:
+        return float(value)
+    except ValueError:
+        raise PreflightInputError(f"--host-gib {value!r}: expected GiB (a number) or 'auto'") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlkit preflight",
@@ -551,8 +635,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated active rlkit patches (default: those active in this process)")
     parser.add_argument("--gpu-gib", type=float, default=None, help="GPU memory in GiB: enables the planner verdict")
     parser.add_argument("--options", default="", help="extra planner options (see rlkit budget --options)")
+    parser.add_argument("--host-gib", default=None,
+                        help="host memory available to the job per node in GiB, or 'auto' (this machine's MemAvailable): "
+                             "checks HostAdamW's host state")
     ns = parser.parse_args(argv)
     try:
+        host_gib = _host_gib_arg(ns.host_gib)
         tree: dict[str, Any] = {}
         overrides = []
         for item in ns.inputs:
@@ -563,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = merge_trees(tree, parse_overrides(overrides))
         patches = None if ns.patches is None else [p for p in ns.patches.split(",") if p]
         findings = check_config(tree, patches, gpu_gib=ns.gpu_gib,
-                                planner_options=[o for o in ns.options.split(",") if o])
+                                planner_options=[o for o in ns.options.split(",") if o], host_available_gib=host_gib)
     except ParamError as err:
         print(f"rlkit preflight: error: {err}", file=sys.stderr)
         return 2

@@ -86,9 +86,11 @@ class ResultsFolder:
         try:
             yield self.partial
         except BaseException as err:
-            (self.partial / "FAILED.txt").write_text(
-                f"run failed: {type(err).__name__}: {err}\n\n{traceback.format_exc()}"
-            )
+            # the files are read where they end up: paths into the partial folder name the failed one
+            report = f"run failed: {type(err).__name__}: {err}\n\n{traceback.format_exc()}"
+            for partial in {str(self.partial.resolve()), str(self.partial)}:
+                report = report.replace(partial, str(self.failed))
+            (self.partial / "FAILED.txt").write_text(report)
             if self.failed.exists():
                 shutil.rmtree(self.failed)
             self.partial.rename(self.failed)

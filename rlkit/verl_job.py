@@ -372,6 +372,26 @@ def read_run_files(run_dir: Path, record_dir: Path) -> dict[str, Any]:
             "rank_identity": rank_identity.read_records(record_dir)}
 
 
+def crash_reason(returncode: int | str, text: str) -> str:
+    """Why verl ended early, for the error a user reads ("" when the log and exit code do not say): a Ray worker
+    that died (:func:`rlkit.verl_logs.find_crash`), else the signal that killed the driver, each with the fix."""
+    import signal
+
+    crash = verl_logs.find_crash(text)
+    if crash is not None:
+        return f"; {crash['cause']} Fix: {crash['fix']}"
+    if isinstance(returncode, int) and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        who = " (the kernel's OOM killer, a scheduler or a person)" if name == "SIGKILL" else ""
+        return (f"; verl's driver was killed by {name}{who}. Fix: look for the kill in `dmesg`; if host memory ran "
+                f"out, check it with `rlkit preflight --host-gib auto` on the node; then launch again (an rlkit "
+                f"results folder is left as <tag>.failed/, never as a complete one)")
+    return ""
+
+
 def launch_job(recipe, overrides: list[str], out_dir: Path, *, extra_env: dict[str, str] | None = None,
                on_line=None) -> dict[str, Any]:
     """Run verl's trainer for ``recipe`` (a :class:`rlkit.recipe.GRPORecipe`) to its end in ``out_dir``: console
@@ -394,11 +414,10 @@ def launch_job(recipe, overrides: list[str], out_dir: Path, *, extra_env: dict[s
         return result
     if returncode != 0 or trained < recipe.steps:
         text = log_path.read_text(errors="replace")
-        crash = verl_logs.find_crash(text)  # a Ray worker killed or crashed: say so, and what to do
-        why = f"; {crash['cause']} Fix: {crash['fix']}" if crash else ""
         tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"verl exited with {returncode} after {wall:.0f} s having logged {trained}/{recipe.steps} "
-                           f"steps and no memory failure{why}; full log {log_path}; last lines:\n{tail}")
+                           f"steps and no device-memory failure{crash_reason(returncode, text)}; full log {log_path}; "
+                           f"last lines:\n{tail}")
     result["plugin_records"] = check_plugin_records(record_dir, recipe.active_patches, require_worker=True)
     return result
 

@@ -4,12 +4,14 @@ verl's per-step metrics come from its file logger (``trainer.logger=[console,fil
 per step to ``VERL_FILE_LOGGER_PATH``; verl/utils/tracking.py ``FileLogger``): :func:`read_steps` takes them
 from there when a run folder has that file. Runs saved before it (every run committed until then) have
 only the console log, read by :func:`parse_console_metrics`. vLLM's start-up, statistics and sleep lines and
-the failures (OOMs, vLLM refusing to start) exist only as console text; their formats are quoted from the
-sources beside each pattern (fixtures: tests/fixtures/util_sweep_logs.txt, tests/fixtures/verl_console.log).
+the failures (OOMs, vLLM refusing to start, a Ray worker that died) exist only as console text; their formats
+are quoted from the sources beside each pattern (fixtures: tests/fixtures/util_sweep_logs.txt,
+tests/fixtures/verl_console.log, and the committed real runs tests/test_faults.py reads).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -250,7 +252,8 @@ def _failure_phase(window: list[str]) -> str:
 
 
 def find_failure(text: str, context: int = 80) -> dict[str, Any] | None:
-    """The first memory failure in a verl/vLLM log: kind, phase, the message line; None when there is none.
+    """The first memory failure in a verl/vLLM log: kind, phase, the message line and the ``fix``; None when
+    there is none.
 
     Kinds: ``vllm_startup`` (vLLM refused: not enough free memory for its reservation), ``no_kv_cache``
     (reservation smaller than weights + profile peak), ``torch_oom`` (a CUDA allocation failed).
@@ -259,13 +262,97 @@ def find_failure(text: str, context: int = 80) -> dict[str, Any] | None:
     for i, line in enumerate(lines):
         m = _VLLM_STARTUP.search(line)
         if m:
+            free, total, util = _f(m.group(1)), _f(m.group(2)), _f(m.group(3))
+            fits = math.floor(100 * free / total) / 100 if total else 0.0
             return {"kind": "vllm_startup", "phase": "init", "line": line.strip(),
-                    "free_gib": _f(m.group(1)), "total_gib": _f(m.group(2)), "requested_gib": _f(m.group(4))}
+                    "free_gib": free, "total_gib": total, "requested_gib": _f(m.group(4)),
+                    "fix": (f"vLLM reserves gpu_memory_utilization x the card ({util:g} x {total:g} GiB) and found "
+                            f"{free:g} GiB free: lower {ROLLOUT_KEY}.gpu_memory_utilization to at most {fits:.2f}, "
+                            f"or free what the actor leaves on the device during rollout (the offload_views patch, "
+                            f"param/optimizer offload, HostAdamW; `rlkit preflight --gpu-gib {total:g}` shows the "
+                            f"planner's rollout residue)")}
         if _NO_KV.search(line):
-            return {"kind": "no_kv_cache", "phase": "init", "line": line.strip()}
+            return {"kind": "no_kv_cache", "phase": "init", "line": line.strip(),
+                    "fix": (f"vLLM's reservation does not cover its weights and profiling peak: raise "
+                            f"{ROLLOUT_KEY}.gpu_memory_utilization, or shrink max_num_batched_tokens / the CUDA-graph "
+                            f"capture sizes (`rlkit budget` shows the KV pool per setting)")}
         m = _TORCH_OOM.search(line)
         if m or _TORCH_OOM_TYPE.search(line):
             window = lines[max(0, i - context): i + context]
-            return {"kind": "torch_oom", "phase": _failure_phase(window), "line": line.strip(),
-                    "tried_to_allocate": m.group(1) if m else None}
+            phase = _failure_phase(window)
+            return {"kind": "torch_oom", "phase": phase, "line": line.strip(),
+                    "tried_to_allocate": m.group(1) if m else None, "fix": _OOM_FIXES.get(phase, _OOM_FIXES["unknown"])}
+    return None
+
+
+ROLLOUT_KEY = "actor_rollout_ref.rollout"
+_OOM_FIXES = {
+    "update_actor": "fewer tokens per update micro-batch (actor.ppo_max_token_len_per_gpu, or micro_batch_size_per_gpu "
+                    "without dynamic batching), gradient checkpointing, and the rlkit options that shrink the update "
+                    "(HostAdamW, master_on_host + cast_once, chunked_logprobs); `rlkit preflight --gpu-gib` shows the "
+                    "planner's update phase",
+    "old_log_prob": "fewer tokens per log-prob micro-batch (rollout.log_prob_max_token_len_per_gpu), or skip the pass "
+                    "when fully on-policy (the skip_old_logprob patch)",
+    "ref": "fewer tokens per reference micro-batch (ref.log_prob_max_token_len_per_gpu), or offload the reference",
+    "gen": f"lower {ROLLOUT_KEY}.gpu_memory_utilization or max_num_seqs; free what the actor leaves on the device "
+           "during rollout (offload_views, param offload)",
+    "update_weights": "free device memory before the weight sync (param offload, the offload_views patch, master_on_host)",
+    "init": "a smaller model or card budget at start-up: check `rlkit preflight --gpu-gib` for the phase that does not fit",
+    "unknown": "find the phase in the traceback and check it with `rlkit preflight --gpu-gib` (the phase-budget planner)",
+}
+
+
+# Ray 2.x: how the driver learns that a worker process died. ray/exceptions.py ActorDiedError.BASE_ERROR_MSG
+# "The actor died unexpectedly before finishing this task." (then "\tpid: <n>" and the raylet's exit detail),
+# WorkerCrashedError "The worker died unexpectedly while executing this task."; the raylet's own line
+# "A worker died or was killed while executing a task by an unexpected system error. ... Worker PID: <n> Worker
+# exit type: SYSTEM_ERROR ..." (src/ray/raylet, checked in the Ray 2.60 raylet binary); Ray's memory monitor:
+# "<n> worker(s) were killed due to the node running low on memory" / "killed due to memory pressure (OOM)".
+_RAY_DIED = re.compile(r"The actor died unexpectedly before finishing this task|The worker died unexpectedly while "
+                       r"executing this task|A worker died or was killed while executing a task|ActorDiedError|"
+                       r"WorkerCrashedError")
+_RAY_MEMORY_MONITOR = re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)")
+# rlkit.optim.staging.HostMemoryError: HostAdamW's staging buffer did not fit the host (raised in the actor worker).
+_HOST_MEMORY = re.compile(r"HostMemoryError: (.*)$")
+_RAY_PID = re.compile(r"(?:Worker PID: |^\s*pid: )(\d+)")
+_RAY_EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+
+
+def find_crash(text: str, context: int = 80) -> dict[str, Any] | None:
+    """Why a process of a verl job died, from its log (not a device OOM, which :func:`find_failure` reads): kind,
+    phase, pid, the message line, ``cause`` and ``fix`` for the user; None when the log does not say.
+
+    Kinds: ``host_memory`` (HostAdamW's staging buffer did not fit the host: rlkit.optim.staging's HostMemoryError,
+    whose message carries its fix), ``ray_memory_monitor`` (Ray killed a worker because the node ran low on host
+    memory), ``worker_died`` (killed by a signal, e.g. the kernel's OOM killer or a person's SIGKILL, or crashed).
+    """
+    lines = _ANSI.sub("", text).splitlines()
+    for i, line in enumerate(lines):
+        host = _HOST_MEMORY.search(line)
+        if host:
+            what, _, fix = host.group(1).partition(" Fix: ")
+            return {"kind": "host_memory", "phase": _failure_phase(lines[max(0, i - context): i + context]),
+                    "pid": None, "exit_type": None, "line": line.strip(), "cause": what.strip(),
+                    "fix": fix.strip() or "see the message"}
+        monitor = _RAY_MEMORY_MONITOR.search(line)
+        if not (monitor or _RAY_DIED.search(line)):
+            continue
+        window = lines[max(0, i - context): i + context]
+        after = lines[i: i + context]
+        pid = next((int(m.group(1)) for m in map(_RAY_PID.search, after) if m), None)
+        exit_type = next((m.group(1) for m in map(_RAY_EXIT_TYPE.search, after) if m), None)
+        phase = _failure_phase(window)
+        who = f"a Ray worker{f' (pid {pid})' if pid else ''}"
+        if monitor:
+            cause = f"{who} was killed by Ray's memory monitor in {phase}: the node ran low on host memory."
+            fix = ("shrink the host state (`rlkit preflight --host-gib auto` on the node: HostAdamW's masters, Adam "
+                   "moments and pinned staging; rank0_owner, master_on_host), or run on a node with more memory")
+        else:
+            cause = (f"{who} died in {phase}{f' (exit type {exit_type})' if exit_type else ''}: killed by a signal "
+                     "(SIGKILL from the kernel's OOM killer, a scheduler or a person) or crashed.")
+            fix = ("look for the kill in `dmesg` (an OOM kill names the process) and in the worker's own log above; if "
+                   "host memory ran out, check it with `rlkit preflight --host-gib auto` on the node; then launch again "
+                   "(an rlkit results folder is left as <tag>.failed/, never as a complete one)")
+        return {"kind": "ray_memory_monitor" if monitor else "worker_died", "phase": phase, "pid": pid,
+                "exit_type": exit_type, "line": line.strip(), "cause": cause, "fix": fix}
     return None

@@ -2,6 +2,7 @@
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -107,3 +108,59 @@ def test_a_node_version_that_satisfies_every_requirement_stays():
     assert not decisions["click"].bring and "satisfies" in decisions["click"].reason  # 3.9 marker is false
     assert decisions["tokenizers"].bring and decisions["transformers"].bring
     assert decisions["rich"].bring  # a requirement behind an extra still counts: carry rather than break
+
+
+# ------------------------------------------------------------------------------------------------------------
+# faults (issue 25 item 4, docs/reliability.md): a real bundle of two parts, then one part damaged or gone
+
+
+def _two_part_bundle(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = _wheel(wheels)
+    with zipfile.ZipFile(wheel, "a") as zf:  # larger than one 1 MiB part
+        zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
+    parts = tmp_path / "parts"
+    manifest = B.pack([wheel], parts, split_mib=1, compress=False)
+    assert len(manifest["parts"]) == 2
+    return parts, manifest
+
+
+def _tree(path):
+    """Every file under ``path`` with its bytes (what an install must leave as it was)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} if path.exists() else None
+
+
+def _flip_last_byte(part):
+    data = part.read_bytes()
+    part.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda parts, m: _flip_last_byte(parts / m["parts"][1]["name"]),
+     r"part wheels\.tar\.part001 is corrupt \(SHA-256 mismatch\); copy it again"),
+    (lambda parts, m: (parts / m["parts"][1]["name"]).write_bytes((parts / m["parts"][1]["name"]).read_bytes()[:1000]),
+     r"part wheels\.tar\.part001 is corrupt \(SHA-256 mismatch\); copy it again"),  # a transfer cut short
+    (lambda parts, m: (parts / m["parts"][0]["name"]).unlink(),
+     r"part wheels\.tar\.part000 is missing from .*; copy every part listed in manifest\.json"),
+    (lambda parts, m: (parts / B.MANIFEST).unlink(), r"manifest\.json not found: is .* a bundle made by `rlkit bundle build`"),
+    (lambda parts, m: (parts / B.MANIFEST).write_text(json.dumps({**m, "parts": m["parts"][::-1]})),
+     r"the joined archive does not match the manifest's SHA-256; parts are out of order or stale"),
+])
+def test_a_damaged_or_missing_part_fails_the_install_and_leaves_the_target_untouched(tmp_path, capsys, damage, message):
+    """``rlkit bundle install`` on a bundle with a part corrupted, cut short or missing, its manifest missing, or
+    parts in another order: the error names the part and the fix, the command exits 1, and neither an existing
+    target (its files byte for byte) nor a new one (not created) is touched."""
+    parts, manifest = _two_part_bundle(tmp_path)
+    assert B.install(parts, tmp_path / "before-damage") == manifest["wheels"]  # the intact bundle installs
+    damage(parts, manifest)
+    existing = tmp_path / "site"
+    existing.mkdir()
+    (existing / "other_package.py").write_text("KEPT = True\n")
+    before = _tree(existing)
+    with pytest.raises(B.BundleError, match=message):
+        B.install(parts, existing)
+    assert _tree(existing) == before
+    fresh = tmp_path / "new-site"
+    assert B.main(["install", "--from", str(parts), "--target", str(fresh)]) == 1
+    assert re.search(message, capsys.readouterr().err) and not fresh.exists()

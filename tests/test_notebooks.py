@@ -24,6 +24,8 @@ METRICS_KEYS: dict[str, set[str]] = {
                          "launched", "launch_reason", "steps", "summary", "arms"},
     "06_util_sweep": {"units", "config", "case", "emulation", "planner", "planner_sweep", "launched",
                       "launch_reason", "measured", "comparison", "emulated_verdict", "cost"},
+    "07_does_it_learn": {"config", "synthetic", "task", "data", "model", "reward_examples", "probe", "plan", "runs",
+                         "pending", "complete", "launched", "launch_reason", "steps", "curves", "analysis"},
 }
 
 
@@ -71,10 +73,25 @@ def _claims_06(m):
     assert m["comparison"] and all(c["planner"] is not None and c["measured"] is None for c in m["comparison"])
 
 
+def _claims_07(m):
+    assert m["launched"] is False and m["complete"] is False and not m["pending"]
+    assert m["synthetic"] == {"task": True, "model": True} and m["model"]["parameters"] == 30_681_728
+    runs = m["runs"].values()
+    assert [r["arm"] for r in runs] == [m["config"]["baseline_arm"], m["config"]["compare_arm"], m["config"]["baseline_arm"]]
+    assert all(r["outcome"] == "not launched" and "n_gpus=1" in r["launch_reason"] for r in runs)
+    assert all(sorted(r["verified_patches"]) == sorted(r["patches"]) for r in runs)  # verl's config, the arm's patches
+    assert m["task"]["rows_set_from_prompt"] == m["task"]["rows"] == m["data"]["rows"]  # every set from its prompt
+    examples = m["reward_examples"]
+    assert len(examples) >= 10 and all(e["score"] == e["expected"] for e in examples if e["expected"] is not None)
+    scores = [s for g in m["probe"]["groups"] for s in g["scores"]]
+    assert len(scores) == m["config"]["probe_groups"] * m["config"]["rollout_n"] and all(0 <= s <= 1 for s in scores)
+    assert m["analysis"]["per_run"] == {} and m["analysis"]["verdict"]["passed"] is False  # no steps, no claim
+
+
 # What each notebook claims, checked on its tiny-profile run: status, parity 0.0 where the claim is bit-exactness.
 CLAIMS = {"00_phase_budget": _claims_00, "01_offload_bug": _claims_01, "02_host_adamw": _claims_02,
           "03_cast_once": _claims_03, "04_skip_old_logprob": _claims_04, "05_grpo_qwen3_4b": _claims_05,
-          "06_util_sweep": _claims_06}
+          "06_util_sweep": _claims_06, "07_does_it_learn": _claims_07}
 
 
 def test_every_notebook_has_its_claims_checked():

@@ -43,6 +43,18 @@ class PatchError(RuntimeError):
     """A patch cannot be applied here (wrong library version, missing target, unknown name)."""
 
 
+# Where rlkit's tested versions come from (pyproject.toml's extras, environment.yml).
+_TESTED_WITH = {"verl": "as rlkit's [verl] or [gpu] extra installs it",
+                "torch": "2.11.0 on CUDA, vLLM 0.24.0's pin; 2.13.0 on CPU",
+                "transformers": "as rlkit's own dependencies install it"}
+
+
+def _install_hint(dist: str, spec: str) -> str:
+    """How to get ``dist`` into ``spec``: the pip line and where rlkit's tested versions come from."""
+    where = _TESTED_WITH.get(dist)
+    return f"pip install '{dist}{spec}'" + (f" ({where}; exact pins in environment.yml)" if where else "")
+
+
 def installed_version(dist: str) -> Version | None:
     try:
         return Version(metadata.version(dist))
@@ -74,15 +86,21 @@ class Patch:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def check_versions(self) -> None:
+        """Raise :class:`PatchError` unless every distribution in ``requires`` is installed in its range (the
+        version importlib.metadata reports, as ``pip show`` does); the message names the patch, the range, the
+        installed version and the fix."""
         for dist, spec in self.requires.items():
             have = installed_version(dist)
             if have is None:
-                raise PatchError(f"patch {self.name!r} needs {dist} {spec}, which is not installed")
+                raise PatchError(f"patch {self.name!r} needs {dist} {spec}, which is not installed. "
+                                 f"Fix: {_install_hint(dist, spec)}")
             # Compare the public version so local tags such as +cu130 or +cpu do not matter.
             if Version(have.public) not in SpecifierSet(spec, prereleases=True):
                 raise PatchError(
                     f"patch {self.name!r} was written for {dist} {spec} but {dist} {have} is installed; "
-                    f"re-check the patched code against this version before widening the range"
+                    f"re-check the patched code against this version before widening the range. "
+                    f"Fix: {_install_hint(dist, spec)}, or run without {self.name!r} (leave it out of the recipe's "
+                    f"patches / RLKIT_PATCHES)"
                 )
 
     def apply(self) -> None:

@@ -1,0 +1,329 @@
+"""Notebook 07's pieces on the CPU: the target-character reward, its rows (synthetic and real DAPO), the qwen3-30m
+preset, and the experiment's analysis, resume logic and words on made-up verl step records."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlkit import data, models, offline_model, reward
+from rlkit import params as P
+from rlkit import recipe as R
+from rlkit.experiments import learning as L
+from rlkit.results import load_profile
+
+# A row as DAPO-Math-17k publishes it (problem text of the kind it holds; the index is a UUID string).
+REAL_ROW = {
+    "data_source": "math_dapo",
+    "prompt": [{"role": "user", "content": data.PROMPT_PREFIX + "In triangle $ABC$, $AB = 13$, $BC = 14$ and $CA = 15$. "
+                "Find the area of the triangle." + data.PROMPT_SUFFIX}],
+    "ability": "MATH",
+    "reward_model": {"ground_truth": "84", "style": "rule-lighteval/MATH_v2"},
+    "extra_info": {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"},
+}
+
+
+# ------------------------------------------------------------------------------------------ the reward
+
+
+def _score(text: str, targets: str) -> float:
+    return reward.target_chars("math_dapo", text, "7", {"index": "x", reward.TARGET_KEY: targets})["score"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("eort", 1.0), ("EORT", 1.0), ("e o\nr\tt  ", 1.0), ("eaoa", 0.5), ("e123", 0.25), ("xyz 987", 0.0),
+    ("", 0.0), ("   \n", 0.0), ("<|filler_3|>", 2 / 12),
+])
+def test_target_chars_is_the_share_of_target_characters(text, expected):
+    assert _score(text, "eort") == pytest.approx(expected)
+
+
+def test_target_chars_is_deterministic_bounded_and_registered():
+    texts = [f"response {i} to the rest" * (i % 4) for i in range(50)]
+    scores = [_score(t, "eost") for t in texts]
+    assert scores == [_score(t, "eost") for t in texts] and all(0.0 <= s <= 1.0 for s in scores)
+    assert "target_chars" in reward.REWARDS
+    assert reward.verl_overrides("target_chars") == ["reward.custom_reward_function.path=pkg://rlkit.reward",
+                                                     "reward.custom_reward_function.name=target_chars"]
+    assert R.GRPORecipe().resolved_reward == "synthetic_hash"  # auto is unchanged
+    assert R.GRPORecipe(model="/models/Qwen3-4B").resolved_reward == "dapo_math"
+
+
+def test_a_row_without_a_target_set_is_refused():
+    with pytest.raises(ValueError, match=r"extra_info\['target_chars'\].*Fix: prepare the data with rlkit.data.target_rows"):
+        reward.target_chars("math_dapo", "eort", "84", REAL_ROW["extra_info"])
+
+
+def test_target_set_is_the_prompts_most_used_characters():
+    assert reward.target_set_of("ttt eee oo ss r") == "eost"  # counts 3, 3, 2, 2, 1
+    assert reward.target_set_of("TTT EEE oo s r") == "eort"  # case-folded; the tie of s and r goes by alphabet order
+    assert reward.target_set_of("") == "abcd"  # no counts: alphabet order
+    assert reward.target_set_of("zz 99 zz 9", size=2) == "z9"  # in alphabet order, digits after letters
+    with pytest.raises(ValueError):
+        reward.target_set_of("x", size=0)
+
+
+def test_a_real_dapo_row_becomes_a_target_row():
+    (row,) = data.target_rows([REAL_ROW])
+    original = REAL_ROW["prompt"][0]["content"]
+    targets = reward.target_set_of(original)
+    assert row["extra_info"] == {**REAL_ROW["extra_info"], reward.TARGET_KEY: targets}
+    assert row["prompt"][0]["content"] == reward.target_instruction(targets) + original
+    assert all(c in row["prompt"][0]["content"].split("\n")[0] for c in targets)  # the first line names the set
+    assert row["reward_model"] == REAL_ROW["reward_model"] and row["data_source"] == "math_dapo"
+    data.validate_row(row)
+    assert data.target_rows([row]) == [row]  # a target row is kept as it is
+    assert reward.target_chars("math_dapo", targets * 3, "84", row["extra_info"])["score"] == 1.0
+    assert reward.target_chars("math_dapo", "Answer: 84", "84", row["extra_info"])["score"] < 0.5
+    assert REAL_ROW["extra_info"] == {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}  # the input is not changed
+
+
+# ------------------------------------------------------------------------------------------ the rows
+
+
+def test_synthetic_target_rows_share_the_real_parquet_schema(tmp_path):
+    synthetic = data.synthetic_dapo(40, seed=1, out_path=tmp_path / "s.parquet", targets=True)
+    real_dump = data.write_parquet([REAL_ROW, {**REAL_ROW, "extra_info": {"index": "copy"}}], tmp_path / "dump.parquet")
+    real = data.load_dapo(str(real_dump), tmp_path / "real.parquet", targets=True)
+    assert real.rows_read == 2 and real.rows == 1  # deduplicated before the conversion
+    assert pq.read_schema(real.path).equals(pq.read_schema(synthetic.path))
+    assert tuple(pq.read_schema(synthetic.path).names) == data.COLUMNS
+    rows = data.read_parquet_rows(synthetic.path)
+    assert rows == data.target_rows(data.synthetic_rows(40, seed=1))
+    for i, row in enumerate(rows):
+        data.validate_row(row, where=f"row {i}")
+        targets = row["extra_info"][reward.TARGET_KEY]
+        assert row["prompt"][0]["content"].startswith(reward.target_instruction(targets))
+    summary = L.task_summary(rows, "target_chars")
+    assert summary["rows_set_from_prompt"] == 40 and set(summary["target_sets"]) <= {"eort", "eost"}
+    assert data.read_parquet_rows(real.path)[0]["extra_info"][reward.TARGET_KEY] == reward.target_set_of(
+        REAL_ROW["prompt"][0]["content"])
+
+
+def test_the_recipe_writes_target_rows_for_the_target_reward(tmp_path):
+    r = R.GRPORecipe(model="tiny", reward="target_chars", data_rows=32)
+    paths = R.default_paths(r)
+    assert paths.train_file.endswith("synthetic-dapo-32-seed0-targets.parquet")
+    assert R.default_paths(dataclasses.replace(r, reward="auto")).train_file.endswith("synthetic-dapo-32-seed0.parquet")
+    assert data.default_path("/x/dapo.parquet", 0, targets=True).name == "dapo-math-17k.dedup-targets.parquet"
+    ov = R.render_overrides(r, R.Paths(model="/m", train_file=paths.train_file))
+    assert "reward.custom_reward_function.name=target_chars" in ov
+    info = data.prepare("synthetic", rows=32, out_dir=tmp_path, targets=True)
+    assert info.path == str(tmp_path / "synthetic-dapo-32-seed0-targets.parquet")
+    assert all(reward.TARGET_KEY in row["extra_info"] for row in data.read_parquet_rows(info.path))
+
+
+def test_reward_examples_on_rows_score_what_they_must():
+    rows = data.target_rows([REAL_ROW, *data.synthetic_rows(3)])
+    examples = L.reward_examples(rows, n_rows=3)
+    assert len(examples) == 15 and {e["row"] for e in examples} == {0, 1, 2}
+    assert all(e["score"] == e["expected"] for e in examples if e["expected"] is not None)
+    assert all(0.0 <= e["score"] <= 1.0 for e in examples)
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+
+def test_qwen3_30m_is_a_qwen3_of_tens_of_millions_of_parameters():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = models.preset_config("qwen3-30m")
+    assert config.model_type == "qwen3" and config.tie_word_embeddings
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    n = models.count_parameters(model)
+    h, layers, vocab, inter = config.hidden_size, config.num_hidden_layers, config.vocab_size, config.intermediate_size
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * inter + 2 * h + 2 * config.head_dim
+    assert n == vocab * h + layers * per_layer + h == 30_681_728
+    assert 10_000_000 <= n < 100_000_000
+
+
+def test_qwen3_30m_vocabulary_is_nearly_all_learned_tokens():
+    """The offline tokenizer learns about as many tokens as the preset has ids, so sampled ids decode to text,
+    not to <|filler_N|> padding."""
+    config = models.preset_config("qwen3-30m")
+    tokenizer = offline_model.build_tokenizer(data.corpus(data.synthetic_rows(2000)), config.vocab_size,
+                                              config.bos_token_id, config.eos_token_id)
+    fillers = [t for t in tokenizer.get_vocab() if t.startswith("<|filler_")]
+    assert len(tokenizer) == config.vocab_size and len(fillers) < 0.01 * config.vocab_size
+
+
+def test_probe_scores_the_untrained_models_samples(tmp_path):
+    out = offline_model.write_offline_model("tiny", tmp_path / "m", dtype="float32", device="cpu",
+                                            texts=data.corpus(data.synthetic_rows(200)))
+    rows = data.target_rows(data.synthetic_rows(4))
+    probe = L.probe_model(out["path"], rows, groups=2, samples=3, max_tokens=8)
+    assert [len(g["scores"]) for g in probe["groups"]] == [3, 3]
+    assert all(0.0 <= s <= 1.0 for g in probe["groups"] for s in g["scores"]) and 0.0 <= probe["mean"] <= 1.0
+    assert probe == L.probe_model(out["path"], rows, groups=2, samples=3, max_tokens=8)  # seeded
+
+
+# ------------------------------------------------------------------------------------------ the analysis
+
+
+def _steps(rewards, **metrics):
+    return [{"step": i + 1, "timing_s/step": 5.0, "critic/score/mean": r, "actor/grad_norm": 0.5, "actor/pg_loss": -0.01,
+             "actor/entropy": 8.0 - 0.1 * i, "response_length/mean": 128.0, **metrics} for i, r in enumerate(rewards)]
+
+
+RISING = [0.01 + 0.01 * i for i in range(40)]
+BASE, COMP = "1-fixes-hostadamw", "5-master-on-host-cast-once"
+CRITERIA = {"baseline_arm": BASE, "compare_arm": COMP, "window": 5, "min_gain": 0.05, "noise_factor": 2.0,
+            "noise_floor": 0.02}
+
+
+def _runs(r1, comp, r2):
+    return {f"{BASE}.r1": {"arm": BASE, "steps": _steps(r1)}, f"{COMP}.r1": {"arm": COMP, "steps": _steps(comp)},
+            f"{BASE}.r2": {"arm": BASE, "steps": _steps(r2)}}
+
+
+def test_analysis_passes_when_every_run_learns_alike():
+    wiggle = [v + (0.01 if i % 2 else -0.01) for i, v in enumerate(RISING)]
+    a = L.analyze(_runs(RISING, [v + 0.005 for v in RISING], wiggle), **CRITERIA)
+    first, last = sum(RISING[:5]) / 5, sum(RISING[-5:]) / 5
+    assert a["per_run"][f"{BASE}.r1"]["reward_first"] == pytest.approx(first)
+    assert a["per_run"][f"{BASE}.r1"]["gain"] == pytest.approx(last - first) and a["per_run"][f"{BASE}.r1"]["learned"]
+    assert a["noise"]["curve_distance"] == pytest.approx(0.01)
+    assert a["compare"]["mean_distance"] == pytest.approx((0.005 + 0.01) / 2)
+    assert a["compare"]["threshold"] == pytest.approx(0.02) and a["compare"]["within_noise"]
+    assert a["verdict"]["passed"] and a["verdict"]["all_learned"]
+
+
+def test_a_flat_curve_is_reported_as_not_learning():
+    flat = [0.01] * 40
+    a = L.analyze(_runs(flat, flat, flat), **CRITERIA)
+    assert all(r["learned"] is False and r["gain"] == 0.0 for r in a["per_run"].values())
+    assert a["compare"]["within_noise"]  # three flat curves agree, and still nothing learned
+    assert a["verdict"]["all_learned"] is False and not a["verdict"]["passed"]
+    assert "does NOT learn" in L.describe(_metrics(a, _runs(flat, flat, flat)))
+
+
+def test_an_arm_outside_the_repeats_noise_fails():
+    a = L.analyze(_runs(RISING, [0.01] * 40, [v + 0.002 for v in RISING]), **CRITERIA)
+    assert a["per_run"][f"{COMP}.r1"]["learned"] is False
+    assert a["compare"]["mean_distance"] > a["compare"]["threshold"] and a["compare"]["within_noise"] is False
+    assert not a["verdict"]["passed"]
+    lower = L.analyze(_runs(RISING, [v - 0.1 for v in RISING], RISING), **CRITERIA)
+    assert lower["per_run"][f"{COMP}.r1"]["learned"] and lower["compare"]["within_noise"] is False  # learns, less
+    assert lower["compare"]["last_window_difference"] == pytest.approx(-0.1)
+    assert lower["noise"]["curve_distance"] == 0.0 and lower["compare"]["threshold"] == 0.02  # identical repeats: floor
+
+
+def test_runs_without_steps_give_no_verdict():
+    a = L.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
+    assert a["per_run"] == {} and a["compare"] is None
+    assert a["verdict"] == {"runs_analyzed": 0, "baseline_runs": 0, "compare_runs": 0, "all_learned": None,
+                            "compare_within_noise": None, "passed": False}
+    short = L.analyze(_runs(RISING[:6], RISING[:6], RISING[:6]), **CRITERIA)  # fewer than 2 x window steps
+    assert all(r["learned"] is None for r in short["per_run"].values()) and not short["verdict"]["passed"]
+
+
+def test_curves_come_from_the_trained_steps():
+    steps = [{"step": 0, "val/score": 0.0}, *_steps([0.1, 0.2])]
+    c = L.curves(steps)
+    assert c["reward"] == [[1, 0.1], [2, 0.2]] and c["entropy"] == [[1, 8.0], [2, pytest.approx(7.9)]]
+    assert set(c) == set(L.CURVES)
+    assert L.curve_distance([[1, 0.1], [2, 0.3]], [[2, 0.1], [3, 0.0]]) == pytest.approx(0.2)
+    assert L.curve_distance([[1, 0.1]], [[2, 0.1]]) is None
+
+
+# ------------------------------------------------------------------------------------------ the experiment
+
+
+def _cfg(**changes) -> L.Config:
+    return P.build(L.Config, {**load_profile(L.NOTEBOOK, "tiny"), **changes})
+
+
+def _metrics(analysis, runs, launched=True):
+    cfg = _cfg(steps=40, window=5)
+    return {"config": P.as_dict(cfg), "synthetic": {"task": True, "model": True},
+            "task": {"reward": "target_chars", "target_sets": {"eort": 3}, "rows_set_from_prompt": 3, "rows": 3},
+            "data": {"rows": 3, "source": "synthetic"}, "model": {"parameters": 30_681_728}, "probe": None,
+            "plan": [{"run": n, "arm": r["arm"]} for n, r in runs.items()], "pending": [], "launched": launched,
+            "launch_reason": "no GPU", "analysis": analysis,
+            "runs": {n: {"arm": r["arm"]} for n, r in runs.items()}, "curves": {n: L.curves(r["steps"]) for n, r in runs.items()}}
+
+
+@pytest.mark.parametrize("profile", ["tiny", "h200"])
+def test_profiles_are_valid_configs_whose_recipes_are_valid(profile):
+    values = load_profile(L.NOTEBOOK, profile)
+    assert set(values) == set(P.field_names(L.Config))
+    cfg = P.build(L.Config, values)
+    plan = L.run_plan(cfg)
+    assert [arm for _, arm in plan] == [BASE, COMP, BASE] and len({n for n, _ in plan}) == 3
+    recipes = [L.build_recipe(cfg, arm) for _, arm in plan]
+    assert recipes[0] == recipes[2] and recipes[0].patches != recipes[1].patches
+    assert all(r.n_gpus == 1 and r.reward == "target_chars" and r.steps == cfg.steps for r in recipes)
+    assert {k: v for k, v in P.as_dict(recipes[1]).items() if k in R.ARMS[COMP]} == R.ARMS[COMP]
+    if profile == "h200":
+        assert cfg.steps >= 40 and cfg.launch_limit == 1 and cfg.runs_dir
+
+
+@pytest.mark.parametrize("changes, key", [({"repeats": 1}, "repeats"), ({"compare_arm": "0-stock"}, "compare_arm"),
+                                          ({"compare_arm": BASE}, "compare_arm"), ({"window": 2}, "window"),
+                                          ({"min_gain": 0.0}, "min_gain"), ({"launch_limit": -1}, "launch_limit")])
+def test_bad_config_names_the_key_and_fix(changes, key):
+    with pytest.raises(P.ParamError, match=rf"Config\.{key}: .*Fix: "):
+        _cfg(**changes)
+
+
+def test_runs_resume_from_runs_dir_within_the_launch_limit(tmp_path, monkeypatch):
+    """Repeating the command adds one launched run each time; launched runs are read back, never launched twice."""
+    from rlkit import grpo
+
+    launched = []
+
+    def fake_run(recipe, out_dir, how_to_run):
+        launched.append(out_dir.name)
+        (out_dir / "verl.log").write_text("")
+        return {"recipe": P.as_dict(recipe), "launched": True, "launch_reason": "1 GPU", "launch": {"failure": None},
+                "steps": _steps(RISING[: recipe.steps]), "summary": {"step_s": 5.0}, "verify": {}}
+
+    monkeypatch.setattr(grpo, "run", fake_run)
+    cfg = _cfg(runs_dir=str(tmp_path / "runs"), launch_limit=1, steps=4, window=2)
+    done, pending = L.run_all(cfg, tmp_path / "out")
+    assert list(done) == [f"{BASE}.r1"] and pending == [f"{COMP}.r1", f"{BASE}.r2"]
+    done, pending = L.run_all(cfg, tmp_path / "out")
+    assert done[f"{BASE}.r1"]["reused"] == "read back" and done[f"{COMP}.r1"]["reused"] is None and len(pending) == 1
+    done, pending = L.run_all(cfg, tmp_path / "out")
+    assert not pending and len(launched) == 3 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(done)
+    assert json.loads((tmp_path / "runs" / f"{BASE}.r2" / "metrics.json").read_text())["launched"]
+    with pytest.raises(P.ParamError, match="another recipe"):
+        L.run_all(dataclasses.replace(cfg, lr=3e-4), tmp_path / "out")
+
+
+def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):
+    from rlkit import grpo
+
+    calls = []
+
+    def fake_run(recipe, out_dir, how_to_run):
+        calls.append(out_dir.name)
+        return {"recipe": P.as_dict(recipe), "launched": False, "launch_reason": f"no GPU; {how_to_run}", "steps": [],
+                "summary": {}, "verify": {"active_patches": list(recipe.patches)}}
+
+    monkeypatch.setattr(grpo, "run", fake_run)
+    done, pending = L.run_all(_cfg(), tmp_path)
+    assert len(calls) == 2 and not pending and done[f"{BASE}.r2"]["reused"] == f"not launched, as {BASE}.r1"
+    row = L.run_row(f"{BASE}.r2", done[f"{BASE}.r2"])
+    assert row["outcome"] == "not launched" and "rlkit.experiments.learning" in row["launch_reason"]
+    assert row["folder"] == f"runs/{BASE}.r1"
+
+
+def test_describe_and_figures_read_only_metrics():
+    runs = _runs(RISING, RISING, RISING)
+    metrics = _metrics(L.analyze(runs, **CRITERIA), runs)
+    text = L.describe(metrics)
+    assert "learns" in text and "within the noise" in text and "30,681,728 parameters" in text
+    assert "No run was launched: no GPU" in L.describe({**metrics, "launched": False})
+    assert len(L.curve_figure(metrics).data) == 3 and len(L.curves_grid(metrics).data) == 12
+
+
+def test_cli_refuses_bad_parameters(capsys):
+    assert L.main(["--profile", "tiny", "-p", "repeats=1"]) == 2
+    assert "Config.repeats" in capsys.readouterr().err
