@@ -40,8 +40,10 @@ from pathlib import Path
 DEFAULT_SPECS = ("vllm==0.24.0", "verl[vllm,verl-core]==0.9.1")
 # The optional notebook part (``build --with-notebooks``): what ``rlkit run`` needs to execute notebooks with
 # papermill on the node (pyproject's own pins), resolved together with the GPU stack so that one install holds both.
+# anywidget: plotly's FigureWidget, which the explorers draw, is one (the bundle carried to the node on 2026-12-01
+# predates it). kaleido stays out: it draws PNGs through a local Chromium, which the node does not have.
 NOTEBOOK_SPECS = ("papermill>=2.6", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29", "ipywidgets>=8",
-                  "plotly>=5.20", "pyyaml>=6")
+                  "anywidget>=0.9", "plotly>=5.20", "pyyaml>=6")
 # Never carried when the node has any version: the node's CUDA build of torch and the libraries
 # built against it must stay (vLLM 0.24 matches the node's torch 2.11.0).
 KEEP_NODE_PREFIXES = ("torch", "torchvision", "torchaudio", "triton", "numpy", "numba", "llvmlite", "nvidia-", "cuda-")
