@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 
 PATCHES_ENV = "RLKIT_PATCHES"
@@ -66,16 +65,6 @@ def _role() -> str:
     return "other"
 
 
-def _versions() -> dict[str, str | None]:
-    out = {}
-    for dist in _VERSIONED:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def _record(payload: dict) -> Path | None:
     """Write this process's record atomically (a reader never sees half a file)."""
     record_dir = os.environ.get(RECORD_DIR_ENV)
@@ -92,6 +81,8 @@ def _record(payload: dict) -> Path | None:
 
 
 def _base_record(requested: list[str]) -> dict:
+    from rlkit.patches import installed_versions
+
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -102,7 +93,7 @@ def _base_record(requested: list[str]) -> dict:
         "world_size": os.environ.get("WORLD_SIZE"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "requested": requested,
-        "versions": _versions(),
+        "versions": installed_versions(_VERSIONED),
         "time": time.time(),
     }
 

@@ -62,6 +62,17 @@ def installed_version(dist: str) -> Version | None:
         return None
 
 
+def installed_versions(dists) -> dict[str, str | None]:
+    """``{dist: version as pip shows it, or None}`` for each of ``dists`` (what records and fingerprints keep)."""
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 # Called after a deferred apply: (patch, the module whose import triggered it, None or the error).
 OnApply = Callable[["Patch", str, "BaseException | None"], None]
 

@@ -34,10 +34,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from importlib import metadata
 from typing import Any
 
-from rlkit.patches import KNOWN_PATCHES, Patch, import_target, replace_attr
+from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attr
 
 VERL_MODULE = "verl.utils.checkpoint.fsdp_checkpoint_manager"
 FILENAME = "rlkit_patches.json"
@@ -78,16 +77,6 @@ def optimizer_fingerprint(optimizer) -> dict[str, Any]:
     return {"class": f"{cls.__module__}.{cls.__qualname__}", "options": options, "holds_adam_state": holds}
 
 
-def _versions() -> dict[str, str | None]:
-    out = {}
-    for dist in _VERSIONED:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def _rank_parts(manager) -> list[dict[str, Any]]:
     """Every rank's optimizer fingerprint, in rank order (a collective over the default group)."""
     import torch.distributed as dist
@@ -115,7 +104,7 @@ def fingerprint(manager, *, global_step: int | None = None) -> dict:
         "adam_state_ranks": [p["rank"] for p in parts if p["optimizer"]["holds_adam_state"]],
         "world_size": len(parts),
         "contents": {"save": list(manager.checkpoint_save_contents), "load": list(manager.checkpoint_load_contents)},
-        "versions": _versions(),
+        "versions": installed_versions(_VERSIONED),
     }
 
 
