@@ -293,10 +293,10 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
     if not loaded:
         return ["*05_grpo_qwen3_4b: no committed runs of the seed's workload yet.*"]
     first = next(iter(loaded.values()))["recipe"]
-    header = ("| run | commit | attention | logits | outcome | steps | response mean (min-max) | step (s) | gen | "
+    header = ("| run | commit | attention | logits | lr | outcome | steps | response mean (min-max) | step (s) | gen | "
               "old_log_prob | update_actor | tokens/s/GPU | actor peak alloc. / reserved (GiB) | device peak used (GiB) | "
               "host peak over idle (GiB) | planner |")
-    lines = [f"**The seed's workload** (profile `h200-seed`: prompt <= {first['max_prompt_length']}, response <= "
+    lines = [f"**The seed's workload** (profile `h200-seed` as of each run's commit: prompt <= {first['max_prompt_length']}, response <= "
              f"{first['max_response_length']} with SYNTHETIC lengths, `rlkit.length_model` mean {first['response_length_mean']}; "
              f"{first['ppo_max_token_len_per_gpu']:,} tokens per update micro-batch, {first['train_batch_size']} x "
              f"{first['rollout_n']} on {first['n_gpus']} H200 emulating a {first['emulate_gpu_gib']:g} GiB card; means over "
@@ -305,7 +305,7 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
     for name, m in loaded.items():
         r, s = m["recipe"], m.get("summary") or {}
         attention = f"{r.get('attn_implementation', 'sdpa')}, {'unpadded' if r.get('use_remove_padding') else 'padded'}"
-        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | {outcome(m)} | "
+        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | {r['lr']:g} | {outcome(m)} | "
                      f"{len(training_steps(m.get('steps', [])))} | {fmt(s.get('response_length_mean'), '.0f')} "
                      f"({fmt(s.get('response_length_min'), '.0f')}-{fmt(s.get('response_length_max'), '.0f')}) | "
                      f"{fmt(s.get('step_s'))} | {fmt(s.get('gen_s'))} | {fmt(s.get('old_log_prob_s'))} | "
@@ -319,7 +319,8 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines + ["", f"Response-length mean per step ({drift}). The random-init model's responses end on EOS after a "
                     "geometric number of tokens whose rate lives in the weights; with a noise reward (`synthetic_hash`) "
                     "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
-                    "with different response means are not comparable; tokens/s/GPU is closer to it."]
+                    "with different response means are not comparable; tokens/s/GPU is closer to it. The profile now runs at lr 0 "
+                    "for that reason (`nbs/params/05_grpo_qwen3_4b.h200-seed.yaml` says why)."]
 
 
 def _pct(value) -> str:
