@@ -223,3 +223,15 @@ def test_every_shipped_patch_declares_its_targets():
         assert patch.targets and all(isinstance(t, str) and t.count(".") >= 1 for t in patch.targets), patch.name
         if "verl" in patch.requires:  # verl-level patches wait for a verl module (or transformers', see varlen)
             assert any(t.startswith("verl.") for t in patch.targets), patch.name
+
+
+def test_replace_attrs_restores_every_attribute_last_first():
+    from types import SimpleNamespace
+
+    from rlkit.patches import replace_attrs
+
+    owner = SimpleNamespace(a=1, b=2)
+    undo = replace_attrs((owner, "a", 10), (owner, "b", 20), (owner, "a", 100))
+    assert (owner.a, owner.b) == (100, 20)
+    undo()
+    assert (owner.a, owner.b) == (1, 2)  # "a" replaced twice gets its first original back

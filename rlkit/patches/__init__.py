@@ -353,3 +353,15 @@ def replace_attr(owner, attr: str, new) -> Callable[[], None]:
         setattr(owner, attr, original)
 
     return undo
+
+
+def replace_attrs(*replacements: tuple[object, str, object]) -> Callable[[], None]:
+    """:func:`replace_attr` for each ``(owner, attr, new)`` in order; the returned callable restores them all, the
+    last one first (so an attribute replaced twice gets its first original back)."""
+    undos = [replace_attr(owner, attr, new) for owner, attr, new in replacements]
+
+    def undo() -> None:
+        for one in reversed(undos):
+            one()
+
+    return undo

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import weakref
 
-from rlkit.patches import Patch, replace_attr
+from rlkit.patches import Patch, replace_attrs
 
 RESIDENT = "_rlkit_resident_bf16"  # handle attribute: True while _mp_shard holds a valid cast of the master
 SOURCE = "_rlkit_resident_source"  # handle attribute: (device, data_ptr) of the master the copy was cast from
@@ -148,17 +148,13 @@ def _apply():
             return  # keep the resident copy until the optimizer step invalidates it
         return original_post_reshard(self)
 
-    undos = [
-        replace_attr(FlatParamHandle, "pre_unshard", pre_unshard),
-        replace_attr(FlatParamHandle, "post_reshard", post_reshard),
-    ]
+    restore = replace_attrs((FlatParamHandle, "pre_unshard", pre_unshard), (FlatParamHandle, "post_reshard", post_reshard))
     hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: invalidate())
 
     def undo() -> None:
         hook.remove()
         invalidate()
-        for u in reversed(undos):
-            u()
+        restore()
 
     return undo
 

@@ -36,7 +36,7 @@ import os
 import sys
 from typing import Any
 
-from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attr
+from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attrs
 
 VERL_MODULE = "verl.utils.checkpoint.fsdp_checkpoint_manager"
 FILENAME = "rlkit_patches.json"
@@ -241,14 +241,7 @@ def _apply():
 
     save_checkpoint.__doc__, load_checkpoint.__doc__ = original_save.__doc__, original_load.__doc__
     save_checkpoint.__rlkit_patch__ = load_checkpoint.__rlkit_patch__ = "checkpoint_fingerprint"
-    undo_save = replace_attr(manager_cls, "save_checkpoint", save_checkpoint)
-    undo_load = replace_attr(manager_cls, "load_checkpoint", load_checkpoint)
-
-    def undo() -> None:
-        undo_load()
-        undo_save()
-
-    return undo
+    return replace_attrs((manager_cls, "save_checkpoint", save_checkpoint), (manager_cls, "load_checkpoint", load_checkpoint))
 
 
 PATCH = Patch(

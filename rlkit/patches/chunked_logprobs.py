@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attr
+from rlkit.patches import Patch, PatchError, import_target, replace_attrs
 
 VERL_KERNEL_MODULE = "verl.utils.experimental.torch_functional"
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
@@ -217,14 +217,7 @@ def _apply():
                                  fused_kernels_backend=fused_kernels_backend, **kwargs)
 
     apply_monkey_patch.__doc__ = verl_monkey_patch.__doc__
-    undo_class = replace_attr(kernels, "FusedLinearForPPO", ChunkedLinearForPPO)
-    undo_engine = replace_attr(engine, "apply_monkey_patch", apply_monkey_patch)
-
-    def undo():
-        undo_engine()
-        undo_class()
-
-    return undo
+    return replace_attrs((kernels, "FusedLinearForPPO", ChunkedLinearForPPO), (engine, "apply_monkey_patch", apply_monkey_patch))
 
 
 PATCH = Patch(

@@ -23,7 +23,7 @@ The optimizer must step host-resident parameters in place: ``actor.optim.optimiz
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, import_target, replace_attr
+from rlkit.patches import Patch, import_target, replace_attrs
 
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 ATTR = "_rlkit_host_masters"
@@ -82,14 +82,7 @@ def _apply():
             return original_step(self)
 
     to.__doc__, optimizer_step.__doc__ = original_to.__doc__, original_step.__doc__
-    undo_to = replace_attr(engine_cls, "to", to)
-    undo_step = replace_attr(engine_cls, "optimizer_step", optimizer_step)
-
-    def undo() -> None:
-        undo_step()
-        undo_to()
-
-    return undo
+    return replace_attrs((engine_cls, "to", to), (engine_cls, "optimizer_step", optimizer_step))
 
 
 PATCH = Patch(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attr
+from rlkit.patches import Patch, PatchError, import_target, replace_attrs
 
 VERL_WORKERS_MODULE = "verl.workers.engine_workers"
 VERL_FUNCTIONAL_MODULE = "verl.utils.torch_functional"
@@ -79,14 +79,7 @@ def _apply():
 
     ppo_loss.__doc__ = original_loss.__doc__
     entropy_from_logits.__doc__ = original_entropy.__doc__
-    undo_loss = replace_attr(workers, "ppo_loss", ppo_loss)
-    undo_entropy = replace_attr(functional, "entropy_from_logits", entropy_from_logits)
-
-    def undo():
-        undo_entropy()
-        undo_loss()
-
-    return undo
+    return replace_attrs((workers, "ppo_loss", ppo_loss), (functional, "entropy_from_logits", entropy_from_logits))
 
 
 PATCH = Patch(
