@@ -31,6 +31,7 @@ from rlkit.verl_job import compose_verl_config
 NOTEBOOK = "05_grpo_qwen3_4b"
 # The workload levers: (recipe field, value, the patch that value needs). The field is the switch.
 LEVER_PATCHES = (("attn_implementation", "rlkit_varlen", "varlen_attention"), ("logits", "chunked", "chunked_logprobs"))
+VERL_REPLAY_POLL_S = 2.0  # verl 0.9.1's replay-buffer poll (rlkit.patches.replay_poll); any other value adds that patch
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class GRPORecipe:
     attn_implementation: str = "sdpa"  # the node has no flash-attn; "rlkit_varlen": PyTorch's varlen kernel (a patch)
     use_remove_padding: bool = False   # pack each micro-batch without padding (needs a varlen attention)
     logits: Literal["full", "chunked"] = "full"  # chunked: log-probs from hidden states in row chunks (a patch)
+    replay_poll_s: float = 2.0         # verl's replay-buffer poll for finished rollouts (2.0: verl's; else a patch)
     gradient_checkpointing: bool = True
     ray_num_cpus: int = 64             # verl's default actor CPU reservations hang on small hosts
     helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
@@ -113,6 +115,11 @@ class GRPORecipe:
                 bad("patches", f"{patch} is the {field_name}={wants!r} lever, but {field_name} is "
                     f"{getattr(self, field_name)!r}", f"set {field_name}: {wants} (it adds the patch) and drop "
                     f"{patch} from patches")
+        if "replay_poll" in self.patches and self.replay_poll_s == VERL_REPLAY_POLL_S:
+            bad("patches", f"replay_poll is the replay_poll_s lever, but replay_poll_s is verl's {VERL_REPLAY_POLL_S:g} s",
+                "set replay_poll_s (e.g. 0.2; it adds the patch) and drop replay_poll from patches")
+        if not 0.0 < self.replay_poll_s <= 60.0:
+            bad("replay_poll_s", f"{self.replay_poll_s!r} is not in (0, 60] seconds", "2.0 (verl's) or e.g. 0.2")
         if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):
             bad("patches", "master_on_host keeps the fp32 master on the host through the update: it needs param_offload "
                 "(the masters it adopts) and HostAdamW (which steps them in place there)",
@@ -143,10 +150,12 @@ class GRPORecipe:
     @property
     def active_patches(self) -> tuple[str, ...]:
         """Every patch the plugin applies: the arm's ``patches``, then those the workload levers imply
-        (``attn_implementation: rlkit_varlen`` -> varlen_attention, ``logits: chunked`` -> chunked_logprobs).
+        (``attn_implementation: rlkit_varlen`` -> varlen_attention, ``logits: chunked`` -> chunked_logprobs,
+        ``replay_poll_s`` other than verl's 2 s -> replay_poll).
         Arms replace ``patches`` wholesale; the levers are fields of their own, so a profile's workload
         keeps its kernels under every arm."""
         implied = [patch for field_name, wants, patch in LEVER_PATCHES if getattr(self, field_name) == wants]
+        implied += ["replay_poll"] if self.replay_poll_s != VERL_REPLAY_POLL_S else []
         return tuple(dict.fromkeys([*self.patches, *implied]))
 
     @property

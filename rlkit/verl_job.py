@@ -59,6 +59,7 @@ def launch_env(recipe, record_dir: str | os.PathLike, base: dict | None = None) 
     # unless the launching environment sets the level (found in the first 2 x H200 run: no KV lines).
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env["RLKIT_PATCHES"] = ",".join(recipe.active_patches)
+    env["RLKIT_REPLAY_POLL_S"] = f"{recipe.replay_poll_s:g}" if "replay_poll" in recipe.active_patches else ""
     env["RLKIT_RECORD_DIR"] = str(record_dir)
     env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
     env["RLKIT_CHECK_RANK_IDENTITY"] = "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""
@@ -71,6 +72,8 @@ def shell_command(recipe, overrides: list[str]) -> str:
     env = {"RLKIT_PATCHES": ",".join(recipe.active_patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
     if recipe.emulate_gpu_gib:
         env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}"
+    if "replay_poll" in recipe.active_patches:
+        env["RLKIT_REPLAY_POLL_S"] = f"{recipe.replay_poll_s:g}"
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return " \\\n  ".join([env_part, "python -m verl.trainer.main_ppo", *(shlex.quote(o) for o in overrides)])
 

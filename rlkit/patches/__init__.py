@@ -36,6 +36,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "metric_entropy": "rlkit.patches.metric_entropy",
     "chunked_logprobs": "rlkit.patches.chunked_logprobs",
     "varlen_attention": "rlkit.patches.varlen_attention",
+    "replay_poll": "rlkit.patches.replay_poll",
 }
 
 
