@@ -61,6 +61,25 @@ def expected_response_tokens(mean_tokens: int, max_response_length: int) -> floa
     return (1.0 - (1.0 - p) ** max_response_length) / p
 
 
+def sample_response_lengths(mean_tokens: int, max_response_length: int, n: int, *, seed: int = 0) -> list[int]:
+    """``n`` response lengths the way the length model makes them, without a model: geometric on 1, 2, ... with
+    per-token EOS probability ``1/mean_tokens`` (the EOS token counted), capped at ``max_response_length``; their
+    expectation is :func:`expected_response_tokens`. ``mean_tokens`` 0 (off) gives ``max_response_length`` each.
+    Pure Python (``random.Random(seed)``): for workloads that need the lengths, not the tokens."""
+    import random
+
+    if isinstance(mean_tokens, bool) or not isinstance(mean_tokens, int) or mean_tokens < 0 or mean_tokens == 1:
+        raise ValueError(f"mean_tokens={mean_tokens!r}: must be 0 (off) or an integer >= 2")
+    if max_response_length < 1:
+        raise ValueError(f"max_response_length={max_response_length}: must be >= 1")
+    if not mean_tokens:
+        return [max_response_length] * n
+    log_q = math.log1p(-eos_probability(mean_tokens))
+    rng = random.Random(seed)
+    # P(L > k) = (1 - p)^k: L = floor(ln u / ln(1 - p)) + 1 for u uniform on (0, 1]
+    return [min(int(math.log(1.0 - rng.random()) / log_q) + 1, max_response_length) for _ in range(n)]
+
+
 def validate_mean(mean_tokens: int, vocab_size: int) -> None:
     if isinstance(mean_tokens, bool) or not isinstance(mean_tokens, int) or mean_tokens < 0:
         raise ValueError(f"response_length_mean={mean_tokens!r}: must be an integer >= 0 (0 = off)")

@@ -152,3 +152,22 @@ def test_recipe_field_reaches_the_model_folder_and_the_planner(dirs):
     assert spec.mean_response_tokens == pytest.approx(length_model.expected_response_tokens(MEAN, 64))
     plain = preflight.planner_spec_for_overrides(base + [f"actor_rollout_ref.model.path={dirs[0]}"], gpu_gib=10.0)
     assert plain.mean_response_tokens == 0
+
+
+def test_sampled_lengths_follow_the_capped_geometric_model():
+    """sample_response_lengths (workloads that need only the lengths, e.g. rlkit.experiments.update_profile): their
+    mean is expected_response_tokens' E[min(L, cap)] to sampling error, the cap holds, a seed repeats itself."""
+    n = 20000
+    lengths = length_model.sample_response_lengths(1200, 4096, n, seed=0)
+    expected = length_model.expected_response_tokens(1200, 4096)
+    # sd of min(L, cap) < 1200 (a geometric's sd is ~ its mean), so the sample mean is within 4 sd / sqrt(n) ~ 34
+    assert abs(sum(lengths) / n - expected) < 4 * 1200 / math.sqrt(n)
+    assert min(lengths) >= 1 and max(lengths) == 4096  # P(L > 4096) = 3 %: capped ones occur
+    assert length_model.sample_response_lengths(1200, 4096, 50, seed=0) == lengths[:50]
+    assert length_model.sample_response_lengths(1200, 4096, 50, seed=1) != lengths[:50]
+    assert length_model.sample_response_lengths(0, 64, 3) == [64, 64, 64]  # off: every response runs to the cap
+    short = length_model.sample_response_lengths(2, 10, 4000, seed=0)
+    assert abs(sum(short) / 4000 - length_model.expected_response_tokens(2, 10)) < 0.1
+    for bad in (1, -3, 2.5):
+        with pytest.raises(ValueError, match="mean_tokens"):
+            length_model.sample_response_lengths(bad, 10, 1)

@@ -1,0 +1,26 @@
+#!/bin/bash
+# Issue 24 item 2 on a GPU node, from the repository root: the update profiler's tests (the trace analysis on hand-made
+# events, and the tiny model on the GPU: the CUDA trace's kernels, launches and syncs), then one profiled update of the
+# seed's workload (python -m rlkit.experiments.update_profile, profile h200: Qwen3-4B bf16 on one GPU, ~2 min).
+# Needs only the node's torch + transformers (no verl, vllm, flash-attn); nothing to install.
+# usage: scripts/node_update_profile.sh [<results root> [-p key=value ... --tag TAG]]   (default root: $OUT; the
+# arguments after the root go to the experiment, e.g. -p optimizer=none --tag h200-fwd-bwd)
+# Writes <root>/gpu_tests.log, <root>/update_profile.console.log,
+# <root>/update_profile/<tag>/{params.yaml,env.json,metrics.json,trace.json.gz,SUMMARY.md} (tag: h200 unless given),
+# progress lines in <root>/progress.txt.
+# Exit status: the tests' if they failed, else the profile's.
+set -u
+root=${1:-${OUT:?give a results root or set OUT}}
+[ $# -gt 0 ] && shift
+mkdir -p "$root"
+cd "$(dirname "$0")/.." || exit 1
+source scripts/node_lib.sh
+log "gpu tests start"
+python3 -m pytest tests/test_trace_summary.py tests/test_update_profile.py::test_tiny_model_on_the_gpu -q -rA \
+    -p no:cacheprovider > "$root/gpu_tests.log" 2>&1
+tests=$?
+log "gpu tests exit $tests"
+run_in_session update_profile python3 -m rlkit.experiments.update_profile --profile h200 --out "$root" "$@"
+profiled=$(grep -c '^results: ' "$root/update_profile.console.log")
+[ "$tests" -ne 0 ] && exit "$tests"
+[ "$profiled" -eq 1 ] || exit 1
