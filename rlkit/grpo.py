@@ -296,7 +296,8 @@ def planner_check(metrics: dict[str, Any], planned=None) -> dict[str, Any] | Non
 
 def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any]:
     """Each phase of a launched run's steps 2.. against its limit (:func:`rlkit.roofline.grpo_step_limits`), on the
-    GPU ``gpu_name`` it ran on (its env.json), with the node's committed pinned copy bench."""
+    GPU ``gpu_name`` it ran on (its env.json), with the node's committed pinned copy bench and the newest committed
+    standalone vLLM ceiling of the run's shape (:func:`rlkit.roofline.vllm_ceiling`)."""
     from rlkit import model_shape, roofline
 
     summary = metrics.get("summary") or {}
@@ -305,9 +306,10 @@ def phase_limits(metrics: dict[str, Any], gpu_name: str | None) -> dict[str, Any
         return {}
     pinned = roofline.pinned_bench_gbps()
     shape = model_shape.resolve_model(metrics["recipe"]["model"] if metrics["model"].get("preset") else metrics["model"]["path"])
+    ceiling = roofline.vllm_ceiling(metrics["recipe"], gpu_name)
     return {**roofline.grpo_step_limits(metrics["recipe"], window, shape, gpu_name, pinned_gbps=pinned,
-                                        optimizer_step_s=summary.get("optimizer_step_s")),
-            "pinned_bench": roofline.PINNED_BENCH if pinned else None}
+                                        gen_ceiling=ceiling, optimizer_step_s=summary.get("optimizer_step_s")),
+            "pinned_bench": roofline.PINNED_BENCH if pinned else None, "vllm_ceiling": ceiling["source"]}
 
 
 def limits_row(name: str, limits: dict[str, Any]) -> dict[str, Any]:
@@ -433,7 +435,8 @@ def describe(metrics: dict[str, Any]) -> str:
         f"({metrics['data'].get('duplicates_removed', 0)} duplicates removed), {recipe['train_batch_size']} prompts x "
         f"{recipe['rollout_n']} samples per step, reward {metrics['reward']}, patches "
         f"{', '.join(recipe['patches']) or 'none'}; attention {recipe.get('attn_implementation', 'sdpa')}"
-        f"{', unpadded' if recipe.get('use_remove_padding') else ', padded'}, logits {recipe.get('logits', 'full')}."),
+        f"{', unpadded' if recipe.get('use_remove_padding') else ', padded'}, logits {recipe.get('logits', 'full')}, "
+        f"replay-buffer poll {recipe.get('replay_poll_s', 2.0):g} s."),
     ]
     if verify.get("skipped"):
         lines.append(f"Config check before the launch skipped: {verify['skipped']}.")

@@ -9,8 +9,18 @@ Pure arithmetic from the model's shape (:mod:`rlkit.model_shape`) and the machin
   L x L square). The backward pass costs twice the forward. *Model* FLOPs count the real tokens once
   forward and once backward (MFU, the usual definition); *hardware* FLOPs add what the run also computes:
   the forward recomputed by gradient checkpointing and, without remove-padding, the padding tokens.
-- **gen**: generated tokens/s against a standalone vLLM measurement of the same model, batch and lengths on
-  the same node (``outputs/_node/vllm_standalone/``); absent until one is committed.
+- **gen**: the run's generated tokens per vLLM replica against the output tokens/s of a standalone vLLM
+  measurement on the same GPU model (:func:`vllm_ceiling`: the newest committed
+  ``outputs/_node/vllm_standalone/<tag>/metrics.json`` whose ``shape`` equals the run's, keys
+  :data:`CEILING_MATCH_KEYS`; written by :mod:`rlkit.experiments.vllm_ceiling`). ``limit_s`` = generated
+  tokens / ceiling tokens/s, ``fraction`` = ``limit_s`` / measured gen seconds; both None, with a ``reason``,
+  where no committed ceiling matches. The ceiling is ``LLM.generate`` of the same requests on an engine that
+  is awake, its weights loaded and warmed up: prefill (with prefix caching), decode, sampling with the sampled
+  token's log-prob, detokenisation, with verl 0.9.1's engine and sampling settings. verl's ``timing_s/gen``
+  (verl/trainer/ppo/ray_trainer.py, the ``gen`` timer) holds more: the agent loop (Ray dispatch to its workers,
+  the chat template, one async request per sequence through the server manager, padding the batch back) and
+  ``checkpoint_manager.sleep_replicas()``, putting vLLM to sleep; waking it up and the weight sync are timed
+  as ``update_weights`` in verl 0.9.1. So ``fraction`` < 1 also charges that overhead to gen.
 - **Host and PCIe phases** (the host optimizer step, the weight sync of an offloaded actor): bytes moved
   against the node's measured pinned copy bandwidth (``outputs/02_host_adamw/h200``'s copy bench).
 - **Between phases**: the step time not inside any named phase.
@@ -143,19 +153,74 @@ def pinned_bench_gbps() -> float | None:
     return json.loads(bench.read_text())["bench_copy"]["gbps"]["h2d_pinned"] if bench.exists() else None
 
 
+VLLM_CEILINGS = "outputs/_node/vllm_standalone"  # one folder per standalone vLLM measurement
+# What a ceiling must share with a run to be its gen limit (recipe keys; plus the GPU's name): the checkpoint
+# (preset and synthetic length model), the batch and group, the length caps, the sequences one vLLM replica
+# serves (n_gpus / rollout_tp replicas) and the engine settings that size its KV cache and CUDA graphs.
+CEILING_MATCH_KEYS = ("model", "response_length_mean", "train_batch_size", "rollout_n", "max_prompt_length",
+                      "max_response_length", "n_gpus", "rollout_tp", "gpu_memory_utilization", "emulate_gpu_gib",
+                      "enforce_eager")
+
+
+def ceiling_shape(recipe: Mapping[str, Any], gpu_name: str | None) -> dict[str, Any]:
+    """The keys a standalone vLLM ceiling is matched on, from a run's recipe and its GPU."""
+    defaults = {"response_length_mean": 0, "rollout_tp": 1, "emulate_gpu_gib": 0.0, "enforce_eager": False}
+    return {**{k: recipe.get(k, defaults.get(k)) for k in CEILING_MATCH_KEYS}, "gpu": gpu_name}
+
+
+def vllm_ceiling(recipe: Mapping[str, Any], gpu_name: str | None, *, root=None, committed: bool = True) -> dict[str, Any]:
+    """The newest standalone vLLM measurement matching a run (:func:`ceiling_shape`): ``output_tok_s`` (None
+    where none matches), ``source`` (its folder, relative to the repository where it lies inside it) and
+    ``reason`` (what was found, or why nothing). ``root``: the repository (default: this checkout);
+    ``committed``: only folders whose ``metrics.json`` git tracks (a local run is not a committed result)."""
+    import json
+    from pathlib import Path
+
+    from rlkit.env import REPO_ROOT
+    from rlkit.results import NotACheckout, committed_runs
+
+    root = Path(root).resolve() if root else REPO_ROOT
+    folder = root / VLLM_CEILINGS
+    want = ceiling_shape(recipe, gpu_name)
+    none = {"output_tok_s": None, "source": None}
+    try:
+        runs = committed_runs(folder) if committed else sorted(p.parent for p in folder.glob("*/metrics.json"))
+    except NotACheckout as err:
+        return {**none, "reason": f"no committed ceiling can be read: {err}"}
+    if not runs:
+        return {**none, "reason": f"no standalone vLLM measurement {'committed ' if committed else ''}under "
+                                  f"{VLLM_CEILINGS}/ (python -m rlkit.experiments.vllm_ceiling on the node)"}
+    found, misses = [], []
+    for run in runs:
+        metrics = json.loads((run / "metrics.json").read_text())
+        have = metrics.get("shape") or {}
+        diff = [f"{k} {have.get(k)!r} (run: {v!r})" for k, v in want.items() if have.get(k) != v]
+        if diff:
+            misses.append(f"{run.name}: {', '.join(diff)}")
+        elif metrics.get("output_tok_s"):
+            found.append((metrics.get("measured_utc") or "", run.name, run, metrics["output_tok_s"]))
+    if not found:
+        return {**none, "reason": "no standalone vLLM measurement matches this run: " + "; ".join(misses)}
+    when, _, run, tok_s = max(found)
+    source = str(run.relative_to(root)) if run.is_relative_to(root) else str(run)
+    return {"output_tok_s": tok_s, "source": source,
+            "reason": f"standalone vLLM output tokens/s on this GPU, {source} (measured {when or 'at an unrecorded time'})"}
+
+
 def _mean(steps: list[Mapping[str, Any]], key: str) -> float | None:
     values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
     return sum(values) / len(values) if values else None
 
 
 def grpo_step_limits(recipe: Mapping[str, Any], steps: list[Mapping[str, Any]], shape: ModelShape, gpu_name: str,
-                     *, pinned_gbps: float | None, vllm_tok_s: float | None = None,
+                     *, pinned_gbps: float | None, gen_ceiling: Mapping[str, Any] | None = None,
                      optimizer_step_s: float | None = None) -> dict[str, Any]:
     """Every phase of a GRPO run's averaged steps (``steps``: verl's metrics of steps 2..) against its limit.
 
     ``pinned_gbps``: the node's pinned host<->device copy rate (GB/s) for the host optimizer step and the weight
-    sync of an offloaded actor; ``vllm_tok_s``: standalone vLLM's output tokens/s at the run's batch and lengths
-    (None: not measured, the rollout's fraction is then absent); ``optimizer_step_s``: the host optimizer step's
+    sync of an offloaded actor; ``gen_ceiling``: :func:`vllm_ceiling`'s answer for this run, standalone vLLM's
+    output tokens/s per replica at the run's batch and lengths (None, or its ``output_tok_s`` None: gen's limit
+    and fraction are then absent and its ``reason`` says why); ``optimizer_step_s``: the host optimizer step's
     seconds inside update_actor (rlkit's rank-identity records), for HostAdamW runs."""
     if not steps:
         return {}
@@ -174,10 +239,13 @@ def grpo_step_limits(recipe: Mapping[str, Any], steps: list[Mapping[str, Any]], 
         if "skip_old_logprob" in recipe.get("patches", ()):  # on-policy: the pass only hands the rollout's log-probs on
             out["phases"]["old_log_prob"] = {"basis": "skipped (on-policy): no forward pass to compare",
                                              "seconds": phase_s["old_log_prob"], "limit_s": None, "fraction": None}
-    generated = recipe["train_batch_size"] * recipe["rollout_n"] / recipe["n_gpus"] * (mean["response_length/mean"] or 0)
-    out["phases"]["gen"] = throughput_limit(phase_s["gen"], generated, vllm_tok_s,
-                                            "standalone vLLM output tokens/s on this node" if vllm_tok_s else
-                                            "no standalone vLLM measurement committed for this shape")
+    replicas = recipe["n_gpus"] // recipe.get("rollout_tp", 1)  # each vLLM replica serves its share of the batch
+    generated = recipe["train_batch_size"] * recipe["rollout_n"] / replicas * (mean["response_length/mean"] or 0)
+    ceiling = gen_ceiling or {"output_tok_s": None, "source": None, "reason": "no standalone vLLM ceiling looked up"}
+    out["phases"]["gen"] = {**throughput_limit(phase_s["gen"], generated, ceiling["output_tok_s"],
+                                               "standalone vLLM output tokens/s per replica" if ceiling["output_tok_s"]
+                                               else "no standalone vLLM measurement matches this run"),
+                            "ceiling": ceiling["source"], "reason": ceiling["reason"]}
     if pinned_gbps:
         rate = pinned_gbps * 1e9
         if recipe.get("optimizer") == "HostAdamW":
