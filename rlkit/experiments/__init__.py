@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from rlkit import params as P
@@ -51,3 +52,38 @@ def experiment_main(config_cls, run_fn: Callable[..., dict], notebook: str, argv
         folder.write_metrics(run_fn(cfg, out_dir=work_dir) if wants_dir else run_fn(cfg))
     print(f"results: {folder.path}")
     return 0
+
+
+def built_in_parser(module: str, description: str, profiles: dict[str, dict], notebook: str) -> argparse.ArgumentParser:
+    """The command line of an experiment whose parameter sets are built in (``profiles``, not a notebook's files):
+    ``--profile`` (default h200), ``--tiny``, ``-p``, ``--tag``, ``--out``; the caller may add its own options."""
+    parser = argparse.ArgumentParser(prog=f"python -m rlkit.experiments.{module}", description=description)
+    parser.add_argument("--profile", default="h200", choices=sorted(profiles), help="built-in parameter set")
+    parser.add_argument("--tiny", action="store_true", help="same as --profile tiny (CPU, seconds)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
+    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
+    parser.add_argument("--out", default=None,
+                        help=f"results root (default: outputs/); results go to <out>/{notebook}/<tag>/")
+    return parser
+
+
+def run_built_in(ns, config_cls, profiles: dict[str, dict], notebook: str,
+                 produce: Callable[[Any, Path], dict]) -> dict | None:
+    """Validate ``ns`` (from :func:`built_in_parser`) into ``config_cls`` and write ``<out>/<notebook>/<tag>/`` with
+    ``produce(cfg, work_dir)``'s metrics (it may write more files into ``work_dir``); None, with the error printed,
+    when the parameters are bad."""
+    profile = "tiny" if ns.tiny else ns.profile
+    try:
+        cfg = P.build(config_cls, {**profiles[profile], **parse_overrides(ns.param)}, where=f"parameters of {notebook}")
+    except P.ParamError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    folder = ResultsFolder.create(notebook, ns.tag or profile, root=ns.out)
+    with folder.writing() as work_dir:
+        folder.write_params(P.as_dict(cfg))
+        folder.write_env()
+        metrics = produce(cfg, Path(work_dir))
+        folder.write_metrics(metrics)
+    print(f"results: {folder.path}")
+    return metrics
+

@@ -28,7 +28,6 @@ after two warm-ups; the layers' outputs are compared on the valid tokens.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -377,29 +376,10 @@ def run(cfg: Config) -> dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    from rlkit.results import ResultsFolder, parse_overrides
+    from rlkit.experiments import built_in_parser, run_built_in
 
-    parser = argparse.ArgumentParser(prog="python -m rlkit.experiments.kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="h200", choices=sorted(PROFILES), help="built-in parameter set")
-    parser.add_argument("--tiny", action="store_true", help="same as --profile tiny (CPU, seconds)")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
-    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
-    parser.add_argument("--out", default=None, help="results root (default: outputs/); results go to <out>/kernels/<tag>/")
-    ns = parser.parse_args(argv)
-    profile = "tiny" if ns.tiny else ns.profile
-    values = {**PROFILES[profile], **parse_overrides(ns.param)}
-    try:
-        cfg = P.build(Config, values, where=f"parameters of {NOTEBOOK}")
-    except P.ParamError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    folder = ResultsFolder.create(NOTEBOOK, ns.tag or profile, root=ns.out)
-    with folder.writing():
-        folder.write_params(P.as_dict(cfg))
-        folder.write_env()
-        folder.write_metrics(run(cfg))
-    print(f"results: {folder.path}")
-    return 0
+    ns = built_in_parser("kernels", __doc__.split("\n\n")[0], PROFILES, NOTEBOOK).parse_args(argv)
+    return 0 if run_built_in(ns, Config, PROFILES, NOTEBOOK, lambda cfg, _work_dir: run(cfg)) is not None else 2
 
 
 if __name__ == "__main__":

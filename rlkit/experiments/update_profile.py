@@ -44,7 +44,6 @@ FLOPs fwd + bwd of the real tokens; hardware FLOPs + the checkpoint recompute), 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -505,16 +504,9 @@ def reanalyze(folder: str | Path) -> dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    from rlkit.results import ResultsFolder, parse_overrides
+    from rlkit.experiments import built_in_parser, run_built_in
 
-    parser = argparse.ArgumentParser(prog="python -m rlkit.experiments.update_profile",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="h200", choices=sorted(PROFILES), help="built-in parameter set")
-    parser.add_argument("--tiny", action="store_true", help="same as --profile tiny (CPU, seconds)")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
-    parser.add_argument("--tag", default=None, help="results folder name (default: the profile)")
-    parser.add_argument("--out", default=None,
-                        help="results root (default: outputs/); results go to <out>/update_profile/<tag>/")
+    parser = built_in_parser("update_profile", __doc__.split("\n\n")[0], PROFILES, NOTEBOOK)
     parser.add_argument("--reanalyze", default=None, metavar="FOLDER",
                         help="recompute FOLDER/metrics.json's summary from FOLDER/trace.json.gz, then exit")
     ns = parser.parse_args(argv)
@@ -526,22 +518,16 @@ def main(argv=None) -> int:
             return 2
         print(f"reanalyzed: {ns.reanalyze}")
         return 0
-    profile = "tiny" if ns.tiny else ns.profile
-    values = {**PROFILES[profile], **parse_overrides(ns.param)}
-    try:
-        cfg = P.build(Config, values, where=f"parameters of {NOTEBOOK}")
-    except P.ParamError as err:
-        print(f"error: {err}", file=sys.stderr)
+
+    def produce(cfg, work_dir: Path) -> dict:
+        metrics = run(cfg, work_dir)
+        (work_dir / SUMMARY_FILE).write_text(markdown(metrics))
+        return metrics
+
+    metrics = run_built_in(ns, Config, PROFILES, NOTEBOOK, produce)
+    if metrics is None:
         return 2
-    folder = ResultsFolder.create(NOTEBOOK, ns.tag or profile, root=ns.out)
-    with folder.writing() as work_dir:
-        folder.write_params(P.as_dict(cfg))
-        folder.write_env()
-        metrics = run(cfg, Path(work_dir))
-        folder.write_metrics(metrics)
-        (Path(work_dir) / SUMMARY_FILE).write_text(markdown(metrics))
     print(markdown(metrics), file=sys.stderr)
-    print(f"results: {folder.path}")
     return 0
 
 
