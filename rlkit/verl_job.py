@@ -58,22 +58,27 @@ def launch_env(recipe, record_dir: str | os.PathLike, base: dict | None = None) 
     # vLLM reports its KV cache, concurrency and CUDA-graph memory at INFO; verl's runtime env sets WARN
     # unless the launching environment sets the level (found in the first 2 x H200 run: no KV lines).
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-    env["RLKIT_PATCHES"] = ",".join(recipe.active_patches)
-    env["RLKIT_REPLAY_POLL_S"] = f"{recipe.replay_poll_s:g}" if "replay_poll" in recipe.active_patches else ""
+    env.update(recipe_env(recipe))
     env["RLKIT_RECORD_DIR"] = str(record_dir)
-    env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else ""
-    env["RLKIT_CHECK_RANK_IDENTITY"] = "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
+def recipe_env(recipe) -> dict[str, str]:
+    """The RLKIT_* variables ``recipe`` sets for verl's processes; "" where its feature is off (clearing an inherited
+    value)."""
+    return {"RLKIT_PATCHES": ",".join(recipe.active_patches),
+            "RLKIT_REPLAY_POLL_S": f"{recipe.replay_poll_s:g}" if "replay_poll" in recipe.active_patches else "",
+            "RLKIT_EMULATE_GPU_GIB": f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else "",
+            "RLKIT_CHECK_RANK_IDENTITY": "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""}
+
+
 def shell_command(recipe, overrides: list[str]) -> str:
-    """The launch as one copy-pasteable shell line (env vars the recipe sets + the command)."""
-    env = {"RLKIT_PATCHES": ",".join(recipe.active_patches), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV}
-    if recipe.emulate_gpu_gib:
-        env["RLKIT_EMULATE_GPU_GIB"] = f"{recipe.emulate_gpu_gib:g}"
-    if "replay_poll" in recipe.active_patches:
-        env["RLKIT_REPLAY_POLL_S"] = f"{recipe.replay_poll_s:g}"
+    """The launch as one copy-pasteable shell line (env vars the recipe sets + the command; the measurement-only rank
+    check and the record folder are left to the launcher)."""
+    settings = recipe_env(recipe)
+    env = {"RLKIT_PATCHES": settings["RLKIT_PATCHES"], "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV,
+           **{k: settings[k] for k in ("RLKIT_EMULATE_GPU_GIB", "RLKIT_REPLAY_POLL_S") if settings[k]}}
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return " \\\n  ".join([env_part, "python -m verl.trainer.main_ppo", *(shlex.quote(o) for o in overrides)])
 
