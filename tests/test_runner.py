@@ -18,16 +18,21 @@ BODY = (
 )
 
 
-@pytest.fixture
-def notebook(tmp_path):
+def _write_notebook(path, body: str):
+    """A notebook at ``path``: a title, the ``parameters`` cell (PARAMS), then ``body``."""
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell(PARAMS)
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# demo"), params, nbformat.v4.new_code_cell(BODY)]
+    nb.cells = [nbformat.v4.new_markdown_cell("# demo"), params, nbformat.v4.new_code_cell(body)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "nbs" / "demo.ipynb"
-    path.parent.mkdir()
+    path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def notebook(tmp_path):
+    path = _write_notebook(tmp_path / "nbs" / "demo.ipynb", BODY)
     profile = tmp_path / "demo.tiny.yaml"
     profile.write_text(yaml.safe_dump({"x": 2, "label": "b"}))
     return path, profile
@@ -106,13 +111,7 @@ RENDER_BODY = (
 
 
 def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell(PARAMS)
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# demo"), params, nbformat.v4.new_code_cell(RENDER_BODY)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "demo.ipynb"
-    nbformat.write(nb, path)
+    path = _write_notebook(tmp_path / "demo.ipynb", RENDER_BODY)
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "metrics.json").write_text(json.dumps({"x": 7}))
@@ -127,14 +126,8 @@ def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
 
 
 def test_render_takes_a_folder_of_run_folders(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell(PARAMS)
-    params.metadata["tags"] = ["parameters"]
     body = "import glob, os\nprint('runs', len(glob.glob(os.path.join(results_dir, '*', 'metrics.json'))))\n"
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "demo.ipynb"
-    nbformat.write(nb, path)
+    path = _write_notebook(tmp_path / "demo.ipynb", body)
     sweep = tmp_path / "sweep"
     for point in ("a-u0.4", "a-u0.6"):
         (sweep / point).mkdir(parents=True)
@@ -180,13 +173,7 @@ def test_real_errors_stay_visible(notebook, tmp_path, monkeypatch, capfd):
 def test_render_states_the_runs_own_parameters(tmp_path, capsys):
     """A run folder with params.yaml renders with those values in the injected parameters cell, over the profile;
     a field the run predates keeps the profile's value and is named."""
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell(PARAMS)
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell("print('x is', x, 'label is', label)")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "demo.ipynb"
-    nbformat.write(nb, path)
+    path = _write_notebook(tmp_path / "demo.ipynb", "print('x is', x, 'label is', label)")
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "metrics.json").write_text(json.dumps({"x": 7}))
