@@ -23,15 +23,28 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 from rlkit import params as P
 from rlkit.verl_job import compose_verl_config
 
 NOTEBOOK = "05_grpo_qwen3_4b"
-# The workload levers: (recipe field, value, the patch that value needs). The field is the switch.
-LEVER_PATCHES = (("attn_implementation", "rlkit_varlen", "varlen_attention"), ("logits", "chunked", "chunked_logprobs"))
 VERL_REPLAY_POLL_S = 2.0  # verl 0.9.1's replay-buffer poll (rlkit.patches.replay_poll); any other value adds that patch
+
+
+class Lever(NamedTuple):
+    """A recipe field that switches a patch on (the field is the switch, so arms that replace ``patches`` keep it)."""
+
+    field: str
+    patch: str
+    is_on: Callable[[Any], bool]
+    setting: str  # what to set the field to, for an error's fix
+
+
+LEVERS = (Lever("attn_implementation", "varlen_attention", lambda v: v == "rlkit_varlen", "rlkit_varlen"),
+          Lever("logits", "chunked_logprobs", lambda v: v == "chunked", "chunked"),
+          Lever("replay_poll_s", "replay_poll", lambda v: v != VERL_REPLAY_POLL_S,
+                f"e.g. 0.2 (any value but verl's {VERL_REPLAY_POLL_S:g} s)"))
 
 
 @dataclass(frozen=True)
@@ -110,14 +123,11 @@ class GRPORecipe:
             bad("patches", f"unknown {unknown}", f"choose from {list(KNOWN_PATCHES)}")
         if len(set(self.patches)) != len(self.patches):
             bad("patches", f"{list(self.patches)} repeats a name", "list each patch once")
-        for field_name, wants, patch in LEVER_PATCHES:
-            if patch in self.patches and getattr(self, field_name) != wants:
-                bad("patches", f"{patch} is the {field_name}={wants!r} lever, but {field_name} is "
-                    f"{getattr(self, field_name)!r}", f"set {field_name}: {wants} (it adds the patch) and drop "
-                    f"{patch} from patches")
-        if "replay_poll" in self.patches and self.replay_poll_s == VERL_REPLAY_POLL_S:
-            bad("patches", f"replay_poll is the replay_poll_s lever, but replay_poll_s is verl's {VERL_REPLAY_POLL_S:g} s",
-                "set replay_poll_s (e.g. 0.2; it adds the patch) and drop replay_poll from patches")
+        for lever in LEVERS:
+            if lever.patch in self.patches and not lever.is_on(getattr(self, lever.field)):
+                bad("patches", f"{lever.patch} is the {lever.field} lever, but {lever.field} is "
+                    f"{getattr(self, lever.field)!r}", f"set {lever.field}: {lever.setting} (it adds the patch) and "
+                    f"drop {lever.patch} from patches")
         if not 0.0 < self.replay_poll_s <= 60.0:
             bad("replay_poll_s", f"{self.replay_poll_s!r} is not in (0, 60] seconds", "2.0 (verl's) or e.g. 0.2")
         if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):
@@ -154,8 +164,7 @@ class GRPORecipe:
         ``replay_poll_s`` other than verl's 2 s -> replay_poll).
         Arms replace ``patches`` wholesale; the levers are fields of their own, so a profile's workload
         keeps its kernels under every arm."""
-        implied = [patch for field_name, wants, patch in LEVER_PATCHES if getattr(self, field_name) == wants]
-        implied += ["replay_poll"] if self.replay_poll_s != VERL_REPLAY_POLL_S else []
+        implied = [lever.patch for lever in LEVERS if lever.is_on(getattr(self, lever.field))]
         return tuple(dict.fromkeys([*self.patches, *implied]))
 
     @property
