@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from conftest import fresh_paths, spawn_two_ranks
 
+from rlkit import verl_job
+
 pytestmark = pytest.mark.verl
 
 # The patches of the seed's last arm (rlkit.recipe.ARMS["5-master-on-host-cast-once"]), in the plugin's terms.
@@ -43,6 +45,9 @@ LR, SEQ, SEQUENCES, MICRO_BATCHES = 1e-2, 16, 8, 2
 def _init(rank: int, world: int, store: str, device: str, selection) -> None:
     """The rank's process as a verl worker sees it: the plugin applies ``selection`` and the checkpoint guard."""
     os.environ["RLKIT_PATCHES"] = ",".join(selection)
+    # as the launcher sets it (rlkit.verl_job.launch_env): the plugin also loads where rlkit is on PYTHONPATH
+    # but not pip-installed, as on the offline GPU node, where the entry point alone left it unloaded
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = verl_job.PLUGIN_MODULE
     os.environ.pop("RLKIT_RECORD_DIR", None)
     os.environ.pop("RLKIT_ALLOW_CHECKPOINT_MISMATCH", None)
     torch.set_num_threads(1)
@@ -58,7 +63,7 @@ def _init(rank: int, world: int, store: str, device: str, selection) -> None:
 
     from rlkit.patches import checkpoint_fingerprint, master_on_host_verl
 
-    assert checkpoint_fingerprint.PATCH.active() and master_on_host_verl.PATCH.active()
+    assert checkpoint_fingerprint.PATCH.active() and master_on_host_verl.PATCH.active(), "rlkit's verl plugin did not load"
     if device == "cpu":
         from verl.utils import fsdp_utils
 
