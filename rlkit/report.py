@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def _run_commit(run_dir: Path) -> str:
 
 # Notebook 05's runs of the seed's own workload (profile h200-seed, issue 23): folders "<profile>-<arm>".
 SEED_PREFIX = "h200-seed-"
+SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # notebook 06's point folders: <case>-u<util>
 
 
 def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: str = "") -> tuple[dict[str, dict], dict[str, str]]:
@@ -221,7 +223,9 @@ def util_sweep_section(root: Path = OUTPUTS_DIR) -> list[str]:
     from rlkit.experiments import util_sweep
 
     folder = root / util_sweep.NOTEBOOK
-    committed = {p.name for p in committed_runs(folder)}
+    # the sweep's own points only: a differently named folder (e.g. a point executed by papermill on the node,
+    # h200-papermill-doc_small-u0.5) is another run of a point, not another point
+    committed = {p.name for p in committed_runs(folder) if SWEEP_POINT.fullmatch(p.name)}
     runs = [r for r in util_sweep.read_results(folder)["runs"] if r.get("measured") and r["tag"] in committed] \
         if committed else []
     return util_sweep.answer_lines(runs) if runs else [f"*{util_sweep.NOTEBOOK}: no committed GPU results yet.*"]
