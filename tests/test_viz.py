@@ -173,6 +173,24 @@ def test_budget_preflight_runs_on_the_exported_overrides(cfg):
     assert "planner" in checks  # the model path is the preset's name, so the pre-flight's planner runs
 
 
+@pytest.mark.parametrize("path", sorted(VB.LOGITS_RECIPE))
+def test_budget_preflight_takes_the_logits_path_chosen_here(cfg, path):
+    """A logits path the recipe can choose reaches the overrides: the pre-flight names the explorer's path, and the
+    page carries no note; a path no override chooses gets the note naming both."""
+    state = {**VB.state_from_spec(cfg.spec("")), "logits_path": path}
+    findings = VB.preflight_for_state(state, cfg.spec(""))
+    lines = [f["message"] for f in findings if f["message"].startswith("logits path: ")]
+    assert len(lines) == 1 and lines[0].startswith(f"logits path: {path} "), lines
+    assert not [f for f in findings if f["severity"] == "error" and "fused_kernel" in f["key"]], findings
+    assert "no override chooses" not in VB.draw(state, cfg.spec("")).texts["preflight"]
+
+
+def test_budget_notes_a_logits_path_no_override_chooses(cfg):
+    state = {**VB.state_from_spec(cfg.spec("")), "logits_path": "torch_fp32"}
+    assert "torch_fp32" not in VB.LOGITS_RECIPE
+    assert "logits path torch_fp32 is how an installation computes" in VB.draw(state, cfg.spec("")).texts["preflight"]
+
+
 def test_flow_dict_override_is_read():
     """Hydra's {a:b,c:d} (what the recipe renders for HostAdamW) is a dict to the pre-flight."""
     from rlkit.verl_config import parse_overrides

@@ -19,8 +19,11 @@ batch (fully on-policy); token-budget micro-batches of ``micro_batch_tokens`` (`
 ``optimizer=HostAdamW`` (which needs ``optimizer_offload=false``), ``rank0_owner`` is ``host_rank0_owner``,
 ``skip_old_logprob`` is that patch plus ``metric_entropy`` (the entropy the skip computes in the update stays
 out of backward: the planner's ``update_entropy="detached"``), ``master_on_host`` and ``cast_once`` are the
-patches of those names. ``logits_path`` is not a recipe field: it is how the installed verl computes
-log-probs (``flash_ce`` needs flash-attn installed), a planner assumption only.
+patches of those names. ``logits_path`` maps where the recipe can choose it (:data:`LOGITS_RECIPE`):
+``chunked_logprobs`` is ``logits=chunked``, ``verl_fused`` is verl's own fused kernels (torch backend) as an extra
+override, ``torch_rowwise`` is verl's unfused path as installed without flash-attn (``logits=full``). The other two
+(``torch_fp32``, ``flash_ce``: how an installation computes the unfused path) are a planner assumption only; the
+pre-flight, reading the overrides, then names verl's unfused path.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ SETTINGS = ("model", "gpu_gib", "n_gpus", "gpu_memory_utilization", "max_prompt_
             "train_batch_size", "group_size", "micro_batch_tokens", "lora_rank", "gradient_checkpointing",
             "param_offload", "optimizer_offload", "logits_path")
 GRPO_PROFILE = "h200"  # the profile `rlkit grpo render/launch` starts from in the export
+_FUSED = ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"]
+# logits_path -> (recipe field logits, extra verl overrides); a path not here is not the recipe's to choose
+LOGITS_RECIPE = {"chunked_logprobs": ("chunked", []), "verl_fused": ("full", _FUSED), "torch_rowwise": ("full", [])}
 
 # a fixed colour per component, so a redraw never repaints the same component another colour
 _PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
@@ -84,6 +90,7 @@ def recipe_values(state: dict[str, Any], base: budget.PlanSpec | None = None) ->
     patches += [p for p in ("master_on_host", "cast_once") if state.get(p)]
     host_step = bool(state.get("cpu_optimizer_step"))
     lora = int(state.get("lora_rank") or 0)
+    logits, logits_overrides = LOGITS_RECIPE.get(state.get("logits_path"), ("full", []))
     return {
         "model": state["model"],
         "n_gpus": int(state["n_gpus"]),
@@ -103,8 +110,9 @@ def recipe_values(state: dict[str, Any], base: budget.PlanSpec | None = None) ->
         "optimizer": "HostAdamW" if host_step else "AdamW",
         "host_rank0_owner": bool(state.get("rank0_owner")),
         "patches": patches,
+        "logits": logits,
         "enforce_eager": base.cudagraph_gib == 0,
-        "extra_overrides": [f"actor_rollout_ref.model.lora_rank={lora}"] if lora else [],
+        "extra_overrides": logits_overrides + ([f"actor_rollout_ref.model.lora_rank={lora}"] if lora else []),
     }
 
 
@@ -140,7 +148,7 @@ def preflight_for_state(state: dict[str, Any], base: budget.PlanSpec | None = No
     from rlkit import preflight
 
     recipe = recipe_from_state(state, base)
-    found = preflight.check_overrides(overrides_for_state(state, base), list(recipe.patches),
+    found = preflight.check_overrides(overrides_for_state(state, base), list(recipe.active_patches),
                                       gpu_gib=float(state["gpu_gib"]))
     return [f.as_dict() for f in found]
 
@@ -204,26 +212,28 @@ def kv_html(p: budget.Plan) -> str:
             f"&rarr; <b>{p.max_concurrent_seqs}</b> concurrent sequences; {p.seqs_per_gpu} needed per GPU: {waves}</div>")
 
 
-def preflight_html(findings: list[dict[str, Any]]) -> str:
-    """The findings' counts and errors in view, the full table folded (an HTML ``<details>``)."""
+def preflight_html(findings: list[dict[str, Any]], logits_path: str | None = None) -> str:
+    """The findings' counts and errors in view, the full table folded (an HTML ``<details>``); a note when the
+    chosen ``logits_path`` is one the overrides cannot carry (:data:`LOGITS_RECIPE`)."""
     rows = [{"severity": f["severity"], "check": f.get("check"), "finding": f["message"], "fix": f["fix"]}
             for f in findings]
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     errors = "".join(f"<li><b>{esc(f.get('check'))}</b>: {esc(f['message'])}</li>" for f in findings
                      if f["severity"] == "error")
+    note = ("" if logits_path is None or logits_path in LOGITS_RECIPE else
+            f"<p><small>logits path {esc(logits_path)} is how an installation computes verl's unfused path, which no "
+            f"override chooses: the pre-flight, reading the overrides, names verl's unfused path as installed without "
+            f"flash-attn, where the bars use {esc(logits_path)}.</small></p>")
     return (f"<div class='preflight'><b>Pre-flight</b> of the verl overrides these settings become (rlkit.preflight): "
             f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info."
             f"{f'<ul>{errors}</ul>' if errors else ''}"
-            f"<details><summary>every finding, with its fix</summary>{html_table(rows)}<p><small>The pre-flight's "
-            f"planner line reads the overrides, so it takes verl's logits path as installed where the bars use the "
-            f"one chosen here.</small></p></details></div>")
+            f"<details><summary>every finding, with its fix</summary>{html_table(rows)}{note}</details></div>")
 
 
 def export_html(state: dict[str, Any], base: budget.PlanSpec) -> str:
     return (f"<details class='export'><summary><b>These settings as a recipe</b>: <code>rlkit grpo render</code> "
             f"input</summary><p><code>rlkit.recipe.GRPORecipe</code> fields over the {GRPO_PROFILE} profile; swap "
-            f"<code>render</code> for <code>launch</code> to run it; logits_path={esc(state.get('logits_path'))} is a "
-            f"planner assumption, not a recipe field.</p><pre>{esc(export_command(state, base))}</pre></details>")
+            f"<code>render</code> for <code>launch</code> to run it.</p><pre>{esc(export_command(state, base))}</pre></details>")
 
 
 def draw(state: dict[str, Any], base: budget.PlanSpec | None = None) -> View:
@@ -239,7 +249,7 @@ def draw(state: dict[str, Any], base: budget.PlanSpec | None = None) -> View:
                     texts={"verdict": text, "kv": "<div class='kv'>-</div>", "preflight": "", "export": ""})
     texts = {"verdict": verdict_html(p, spec), "kv": kv_html(p)}
     try:
-        texts["preflight"] = preflight_html(preflight_for_state(state, base))
+        texts["preflight"] = preflight_html(preflight_for_state(state, base), state.get("logits_path"))
         texts["export"] = export_html(state, base)
     except ParamError as err:  # the planner takes it, the recipe does not (e.g. master_on_host without param offload)
         texts["preflight"] = f"<p><b>Pre-flight</b>: the recipe refuses these settings: {esc(err)}</p>"
