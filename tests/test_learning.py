@@ -261,12 +261,13 @@ def test_profiles_are_valid_configs_whose_recipes_are_valid(profile):
     assert all(r.n_gpus == 1 and r.reward == "target_chars" and r.steps == cfg.steps for r in recipes)
     assert {k: v for k, v in P.as_dict(recipes[1]).items() if k in R.ARMS[COMP]} == R.ARMS[COMP]
     if profile == "h200":
-        assert cfg.steps >= 40 and cfg.launch_limit == 1 and cfg.runs_dir
+        assert cfg.steps >= 40 and cfg.parallel == 3 and cfg.runs_dir
 
 
 @pytest.mark.parametrize("changes, key", [({"repeats": 1}, "repeats"), ({"compare_arm": "0-stock"}, "compare_arm"),
                                           ({"compare_arm": BASE}, "compare_arm"), ({"window": 2}, "window"),
-                                          ({"min_gain": 0.0}, "min_gain"), ({"launch_limit": -1}, "launch_limit")])
+                                          ({"min_gain": 0.0}, "min_gain"), ({"launch_limit": -1}, "launch_limit"),
+                                          ({"parallel": 0}, "parallel")])
 def test_bad_config_names_the_key_and_fix(changes, key):
     with pytest.raises(P.ParamError, match=rf"Config\.{key}: .*Fix: "):
         _cfg(**changes)
@@ -295,6 +296,39 @@ def test_runs_resume_from_runs_dir_within_the_launch_limit(tmp_path, monkeypatch
     assert json.loads((tmp_path / "runs" / f"{BASE}.r2" / "metrics.json").read_text())["launched"]
     with pytest.raises(P.ParamError, match="another recipe"):
         L.run_all(dataclasses.replace(cfg, lr=3e-4), tmp_path / "out")
+
+
+def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tmp_path, monkeypatch):
+    """parallel 3 on a GPU: the three runs (the repeat's recipe identical to the first's) are in flight at once, each
+    written whole; when one fails, the others still finish and are saved, and the failure is raised after them."""
+    import threading
+
+    from rlkit import grpo, verl_job
+
+    monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
+    together = threading.Barrier(3, timeout=10)  # breaks (and the test fails) unless all three are in flight at once
+
+    def fake_run(recipe, out_dir, how_to_run):
+        together.wait()
+        if failing and failing in out_dir.name:  # the work folder: .<name>.partial-<pid>
+            raise RuntimeError("verl exited with 1")
+        return {"recipe": P.as_dict(recipe), "launched": True, "launch_reason": "1 GPU", "launch": {"failure": None},
+                "steps": _steps(RISING[: recipe.steps]), "summary": {"step_s": 5.0}, "verify": {}}
+
+    monkeypatch.setattr(grpo, "run", fake_run)
+    failing = ""
+    cfg = _cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2)
+    done, pending = L.run_all(cfg, tmp_path / "out")
+    assert list(done) == [n for n, _ in L.run_plan(cfg)] and not pending
+    assert all(e["reused"] is None and e["metrics"]["launched"] for e in done.values())
+
+    failing, together = f"{COMP}.r1", threading.Barrier(3, timeout=10)
+    cfg = dataclasses.replace(cfg, runs_dir=str(tmp_path / "runs2"))
+    with pytest.raises(RuntimeError, match="verl exited with 1"):
+        L.run_all(cfg, tmp_path / "out")
+    kept = {p.name for p in (tmp_path / "runs2").iterdir()}
+    assert {f"{BASE}.r1", f"{BASE}.r2"} <= kept and f"{COMP}.r1" not in kept, kept  # the failed run is not a result
+    assert all((tmp_path / "runs2" / n / "metrics.json").exists() for n in (f"{BASE}.r1", f"{BASE}.r2"))
 
 
 def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):

@@ -19,10 +19,11 @@ pg_loss, entropy and response length; :func:`analyze` reads them:
   at most ``noise_factor`` x that noise (or ``noise_floor``, when the repeats happen to agree more closely).
 
 Each run is its own results folder under ``runs_dir`` (written whole or left ``.failed``); a launched run found
-there with the same recipe is read back instead of launched again, and ``launch_limit`` caps the launches of one
-invocation, so the three runs can be made by repeating one command within a per-command time limit::
+there with the same recipe is read back instead of launched again, ``launch_limit`` caps the launches of one
+invocation, and ``parallel`` runs go side by side on the one GPU (each its own verl session; a run far from the
+GPU's limits, as this one is, leaves it mostly idle)::
 
-    python -m rlkit.experiments.learning --profile h200      # once per run: each launches the next missing one
+    python -m rlkit.experiments.learning --profile h200      # the missing runs; the finished ones are read back
 
 Without a GPU everything before the launch runs for real, the reward is exercised on the prepared rows and the
 random model's own samples (:func:`reward_examples`, :func:`probe_model`), and the analysis says it has no steps.
@@ -41,8 +42,8 @@ from rlkit.env import REPO_ROOT
 from rlkit.experiments import experiment_main
 
 NOTEBOOK = "07_does_it_learn"
-HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node, once per run (each launches the "
-              "next missing one), then render outputs/07_does_it_learn/h200 with results_dir")
+HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
+              "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
 # verl's per-step metric behind each curve (verl 0.9.1 metric names)
 CURVES = {"reward": "critic/score/mean", "grad_norm": "actor/grad_norm", "pg_loss": "actor/pg_loss",
           "entropy": "actor/entropy", "response_length": "response_length/mean"}
@@ -80,6 +81,9 @@ class Config:
     probe_groups: int  # prompts whose samples from the untrained model are scored on the CPU (0: none)
     runs_dir: str  # "" : the runs go inside the results folder; else a folder whose launched runs are reused
     launch_limit: int  # launch at most this many runs in one invocation (0: no limit)
+    parallel: int  # launch up to this many runs at once, side by side on the one GPU (1: one after the other)
+    attn_implementation: Literal["sdpa", "rlkit_varlen"]  # the recipe's attention (rlkit_varlen: packed, unpadded)
+    use_remove_padding: bool  # verl's packed path (needs rlkit_varlen without flash-attn)
 
     def __post_init__(self) -> None:
         from rlkit.recipe import ARMS
@@ -103,6 +107,8 @@ class Config:
         for key in ("probe_groups", "launch_limit"):
             if getattr(self, key) < 0:
                 bad(key, f"{getattr(self, key)} is negative", "use 0 (off / no limit) or a positive count")
+        if self.parallel < 1:
+            bad("parallel", f"{self.parallel} runs at once", "use 1 (one after the other) or more")
 
 
 def run_plan(cfg: Config) -> list[tuple[str, str]]:
@@ -122,7 +128,8 @@ def build_recipe(cfg: Config, arm: str):
               "ppo_max_token_len_per_gpu": cfg.ppo_max_token_len_per_gpu, "n_gpus": 1,
               "gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager,
               "steps": cfg.steps, "ray_num_cpus": cfg.ray_num_cpus, "verify_before_launch": cfg.verify_before_launch,
-              "launch": cfg.launch, "timeout_s": cfg.timeout_s, **arm_values(arm)}
+              "launch": cfg.launch, "timeout_s": cfg.timeout_s, "attn_implementation": cfg.attn_implementation,
+              "use_remove_padding": cfg.use_remove_padding, **arm_values(arm)}
     return P.build(GRPORecipe, values, where=f"the recipe of arm {arm}")
 
 
@@ -300,38 +307,70 @@ def saved_run(run_dir: Path, recipe) -> dict[str, Any] | None:
 
 def run_all(cfg: Config, out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every planned run, read back from ``runs_dir`` or run by :func:`rlkit.grpo.run` into its own results folder;
-    returns ``{name: {"arm", "folder", "reused", "metrics"}}`` and the names left for a later invocation. A repeat
-    whose identical recipe was not launched is not checked again (before the launch nothing differs)."""
-    from rlkit import grpo
-    from rlkit.results import ResultsFolder
+    returns ``{name: {"arm", "folder", "reused", "metrics"}}`` and the names left for a later invocation. Up to
+    ``parallel`` runs go at once (threads, each waiting on its own verl session); where nothing is launched (no
+    GPU), a repeat whose identical recipe was already checked is not checked again (before the launch nothing
+    differs). One run's failure lets the runs beside it finish and be saved, then is raised."""
+    from rlkit import verl_job
 
     root = _runs_root(cfg, out)
     where = f"{cfg.runs_dir.rstrip('/')}/" if cfg.runs_dir else "runs/"  # as the results folder says it
-    done, pending, launches, dry = {}, [], 0, {}
+    done, queue = {}, []
     for name, arm in run_plan(cfg):
         recipe = build_recipe(cfg, arm)
         metrics = saved_run(root / name, recipe)
         if metrics is not None:
             done[name] = {"arm": arm, "folder": where + name, "reused": "read back", "metrics": metrics}
-            continue
-        if recipe in dry:
-            done[name] = {"arm": arm, "folder": where + dry[recipe], "reused": f"not launched, as {dry[recipe]}",
-                          "metrics": done[dry[recipe]]["metrics"]}
-            continue
-        if cfg.launch_limit and launches >= cfg.launch_limit:
-            pending.append(name)
-            continue
+        else:
+            queue.append((name, arm, recipe))
+    will_launch = bool(queue) and verl_job.launch_decision(queue[0][2].launch, queue[0][2].n_gpus, HOW_TO_RUN)[0]
+    dry, launches, pending = {}, 0, []
+    while queue:
+        batch, rest = [], []
+        for name, arm, recipe in queue:
+            if recipe in dry:
+                done[name] = {"arm": arm, "folder": where + dry[recipe], "reused": f"not launched, as {dry[recipe]}",
+                              "metrics": done[dry[recipe]]["metrics"]}
+            elif cfg.launch_limit and launches + len(batch) >= cfg.launch_limit:
+                pending.append(name)
+            elif len(batch) < cfg.parallel and (will_launch or all(recipe != r for _, _, r in batch)):
+                batch.append((name, arm, recipe))
+            else:
+                rest.append((name, arm, recipe))
+        for (name, arm, recipe), metrics in zip(batch, _run_batch(root, batch)):
+            launches += bool(metrics["launched"])
+            if not metrics["launched"]:
+                dry[recipe] = name
+            done[name] = {"arm": arm, "folder": where + name, "reused": None, "metrics": metrics}
+        queue = rest
+    return {name: done[name] for name, _ in run_plan(cfg) if name in done}, pending
+
+
+def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """The metrics of each ``(name, arm, recipe)`` of ``batch``, run side by side, each written whole into
+    ``root/name`` (or left ``.failed``); the first failure is raised once every run of the batch has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlkit import grpo
+    from rlkit.results import ResultsFolder
+
+    def one(name: str, recipe) -> dict[str, Any]:
         folder = ResultsFolder(root.name, name, root=root.parent)
         with folder.writing() as work:
             folder.write_params(P.as_dict(recipe))
             folder.write_env()
             metrics = grpo.run(recipe, out_dir=work, how_to_run=HOW_TO_RUN)
             folder.write_metrics(metrics)
-        launches += bool(metrics["launched"])
-        if not metrics["launched"]:
-            dry[recipe] = name
-        done[name] = {"arm": arm, "folder": where + name, "reused": None, "metrics": metrics}
-    return done, pending
+        return metrics
+
+    if len(batch) == 1:
+        return [one(batch[0][0], batch[0][2])]
+    with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+        futures = [pool.submit(one, name, recipe) for name, _, recipe in batch]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 def run_row(name: str, entry: dict[str, Any]) -> dict[str, Any]:
