@@ -393,6 +393,47 @@ def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines if rows else [f"*No committed {tag} results yet.*"]
 
 
+def update_profile_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """One update of the actor profiled (``outputs/update_profile/<tag>/metrics.json``, rlkit.experiments.update_profile):
+    where its time goes, and what the MFU target of issue 24 (40 %) would need, every number from the file."""
+    folders = sorted(p.parent for p in (root / "update_profile").glob("*/metrics.json"))
+    if not folders:
+        return ["*update_profile: no committed profile yet.*"]
+    lines = []
+    for folder in folders:
+        m = json.loads((folder / "metrics.json").read_text())
+        w, f, t, s = m["workload"], m["flops"], m["timing"], m["summary"]
+        dev, idle = s["device"], s["idle_gaps"]["by_region"]
+        wall = t["timed"][0]["seconds"]
+        copies = s["host_syncs"]["copies"]
+        pcie = {k: copies[k]["bytes"] / (copies[k]["ms"] / 1e3) / 1e9 for k in ("DtoH", "HtoD") if copies.get(k)}
+        at_target = f["model_flops"] / (0.40 * f["peak_bf16_flops"])
+        lines += [
+            f"**One update profiled** (`outputs/update_profile/{folder.name}/`, {m['device']}): {m['model']['preset']} "
+            f"({m['model']['params'] / 1e9:.2f}B, {m['model']['wrap']}, {m['model']['optimizer']}, "
+            f"{m['model']['attn_implementation']}), {w['micro_batches']} micro-batches, {w['tokens']:,} tokens "
+            f"(sequences of mean {w['sequence_tokens_mean']:.0f}, max {w['sequence_tokens_max']:,}).", "",
+            f"- {wall:.2f} s for {f['model_flops'] / 1e15:.2f} PFLOP of model FLOPs: {_pct(f['mfu_timed'])} MFU "
+            f"({_pct(f['hardware_fraction_timed'])} counting the checkpoint recompute, which is "
+            f"{_pct(1 - f['model_flops'] / f['hardware_flops'])} of the FLOPs the GPU computes). At the dense bf16 "
+            f"peak it would take {f['limit_s']:.2f} s; at 40% MFU, {at_target:.2f} s.",
+            f"- The GPU is busy {_pct(dev['busy_fraction'])} of the update; of its {dev['idle_ms'] / 1e3:.2f} s idle, "
+            f"{idle.get('optimizer_step', {}).get('ms', 0) / 1e3:.2f} s fall in the optimizer step (the host's AdamW "
+            f"between the gradients' copy down and the parameters' copy up) and "
+            f"{idle.get('micro_batch*', {}).get('ms', 0) / 1e3:.2f} s in the micro-batches. Busy time alone runs at "
+            f"{_pct(f['mfu_busy'])} MFU: idle time is not what keeps the update from 40%.",
+            "- The copies: " + ", ".join(f"{k} {copies[k]['bytes'] / 1e9:.1f} GB in {copies[k]['ms'] / 1e3:.2f} s "
+                                         f"({pcie[k]:.0f} GB/s)" for k in pcie) + ".",
+            "", "| GPU time by kind | ms | share of kernel time |", "|---|---|---|"]
+        for name, c in sorted(s["categories"].items(), key=lambda kv: -kv[1]["ms"]):
+            lines.append(f"| {name} | {c['ms']:.0f} | {_pct(c['share'])} |")
+        lines += ["", f"GEMMs take {_pct(s['categories']['gemm']['share'])} of the kernel time and elementwise kernels "
+                      f"{_pct(s['categories']['elementwise']['share'])}: 40% MFU needs both fewer FLOPs computed twice "
+                      "(the recompute) and fewer elementwise passes (fused norms, activations, casts), not only the idle "
+                      "time removed; `SUMMARY.md` beside the metrics lists the top kernels, the gaps and the host syncs.", ""]
+    return lines[:-1]
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -408,8 +449,8 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
 BLOCKS = {"arc": arc_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
-          "determinism": determinism_section, "reruns": reruns_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "determinism"),
+          "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section}
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "profile", "determinism"),
         "docs/lab-notes.md": ("reruns",)}
 
 
