@@ -214,6 +214,58 @@ def test_device_grad_on_host_master_and_switching_between_device_and_host_bit_ex
         assert host.master_bytes() == (0 if parked else sum(p.numel() * 4 for p in params))
 
 
+def test_overlap_copies_without_device_copies_is_the_serial_step():
+    """On host gradients (a CPU model) there is nothing to overlap: the option leaves the serial step, same bits."""
+    serial_params, overlap_params = make_params(), make_params()
+    serial, overlap = HostAdamW(serial_params, **HYPER), HostAdamW(overlap_params, overlap_copies=True, **HYPER)
+    for step in range(3):
+        set_grads(serial_params, step)
+        set_grads(overlap_params, step)
+        serial.step()
+        overlap.step()
+        assert overlap.last_step_overlapped is False
+    assert_same_state(overlap, serial, overlap_params, serial_params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("parked", [False, True])
+def test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu(parked):
+    """Device gradients, the copies on a side stream: the same parameters, masters and moments as the serial step,
+    for fp32 and bf16 device parameters (the copy path) and parameters parked on the host (stepped in place), with
+    the next step's forward reading the uploaded parameters on the compute stream right after."""
+    def build():
+        params = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]
+        params.append(torch.nn.Parameter(torch.randn(5000, generator=torch.Generator().manual_seed(7)).to(
+            "cuda", torch.bfloat16)))
+        return params
+
+    runs = {}
+    for overlap in (False, True):
+        params = build()
+        opt = HostAdamW(params, overlap_copies=overlap, **HYPER)
+        for step in range(STEPS):
+            gen = torch.Generator().manual_seed(1000 + step)
+            for p in params:
+                p.grad = (torch.randn(p.shape, generator=gen) * 0.1).to("cuda", p.dtype)
+            placeholders = _expose(params[:-1], [p.detach().cpu().pin_memory() for p in params[:-1]]) if parked else None
+            opt.step()
+            assert opt.last_step_overlapped is overlap
+            sums = [float(p.detach().double().sum()) for p in params]  # read on the compute stream at once
+            if parked:
+                for p, placeholder in zip(params[:-1], placeholders):
+                    placeholder.copy_(p.data)
+                    p.data = placeholder
+        runs[overlap] = (opt, params, sums)
+    (serial, serial_params, serial_sums), (overlapped, overlap_params, overlap_sums) = runs[False], runs[True]
+    assert overlap_sums == serial_sums
+    for a, b in zip(overlap_params, serial_params, strict=True):
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(overlapped.state[a][key], serial.state[b][key]), key
+    assert {"grad0", "grad1"} <= set(overlapped.staging.nbytes())  # two buffers per direction
+
+
 def test_pin_memory_true_without_cuda_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: pinning works")

@@ -76,6 +76,7 @@ class Config:
     device: str  # auto (cuda if available) | cuda | cpu
     wrap: str  # plain | fsdp | fsdp_cast_once (FSDP1 NO_SHARD, 1 rank, like verl's actor)
     optimizer: str  # none (fwd/bwd only) | gpu_adamw | host_adamw (HostAdamW, pinned; needs an fsdp wrap)
+    overlap_copies: bool  # host_adamw: its copies on a side stream beside the host step (bit-identical)
     gradient_checkpointing: bool  # like verl's enable_gradient_checkpointing
     micro_batches: int  # micro-batches in the update
     max_tokens_per_micro_batch: int  # verl's ppo_max_token_len_per_gpu (packed tokens per micro-batch, at most)
@@ -102,6 +103,9 @@ class Config:
         if self.optimizer == "host_adamw" and self.wrap == "plain":
             raise P.ParamError("optimizer='host_adamw' steps FSDP's fp32 flat parameters; wrap='plain' has bf16 "
                                "weights. Fix: -p wrap=fsdp (or fsdp_cast_once), or -p optimizer=gpu_adamw.")
+        if self.overlap_copies and self.optimizer != "host_adamw":
+            raise P.ParamError(f"overlap_copies=true is a HostAdamW option, but optimizer={self.optimizer!r}. Fix: "
+                               "-p optimizer=host_adamw, or -p overlap_copies=false.")
         for key in ("micro_batches", "max_tokens_per_micro_batch", "prompt_tokens", "response_cap", "chunk_rows",
                     "top_kernels", "top_gaps"):
             if getattr(self, key) < 1:
@@ -126,13 +130,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The seed's update on one H200: Qwen3-4B, 4 micro-batches of <= 24,576 tokens (about a third of a seed step's
     # ~11), the seed's arm-5 wrap and host optimizer (fp32 master kept on the device). ~1.5-2.5 min on the node.
     "h200": {"model": "qwen3-4b", "device": "cuda", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "gradient_checkpointing": True, "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
+             "overlap_copies": False, "gradient_checkpointing": True, "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
              "micro_batch_fill": 0.95, "prompt_tokens": 100, "response_mean": 1200, "response_cap": 4096,
              "chunk_rows": 2048, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
     # The same code path on a CPU in seconds (per-sequence SDPA instead of the varlen kernel, no CUDA events).
     "tiny": {"model": "tiny", "device": "cpu", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "gradient_checkpointing": True, "micro_batches": 2, "max_tokens_per_micro_batch": 256,
+             "overlap_copies": False, "gradient_checkpointing": True, "micro_batches": 2, "max_tokens_per_micro_batch": 256,
              "micro_batch_fill": 0.9, "prompt_tokens": 12, "response_mean": 40, "response_cap": 120,
              "chunk_rows": 64, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
@@ -275,7 +279,8 @@ def build(cfg: Config, device):
     elif cfg.optimizer == "gpu_adamw":
         optimizer = U.make_optimizer("gpu_adamw", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
     else:
-        optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+        optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY,
+                                     overlap_copies=cfg.overlap_copies)
     return model, module, optimizer
 
 
@@ -415,6 +420,7 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
             },
             "model": {"preset": cfg.model, "params": models.count_parameters(module), "wrap": cfg.wrap,
                       "optimizer": cfg.optimizer, "compute_dtype": "bfloat16", "patches_active": active,
+                      "copies_overlapped": getattr(optimizer, "last_step_overlapped", None),
                       "attn_implementation": varlen_attention.NAME, "attention_calls": attention_calls,
                       "varlen_kernel": set(attention_calls) == {"kernel"}},
             "timing": {"warmup": steps["warmup"], "timed": steps["timed"], "profiled_s": profiled_s,

@@ -49,6 +49,14 @@ parameter at the next step. The master of a non-fp32 parameter is not recoverabl
 verl's checkpoint manager (each rank saves and loads its own ``optimizer.state_dict()``):
 ``rlkit.patches.checkpoint_fingerprint`` and tests/test_checkpoint_resume.py.
 
+Overlapped copies (``overlap_copies=True``): where every gradient is on a CUDA device, the staging is pinned and
+no broadcast follows the step (no ``rank0_owner``), the copies run on a side CUDA stream beside the host's work:
+the next parameter's gradient comes down while the host steps the current one, and the current one's parameter
+goes up while the host steps the next (two staging buffers per direction, so a buffer is written again only after
+its copy has finished). The arithmetic is the serial step's, parameter by parameter, so the result is bit-identical
+(tests/test_host_adamw.py, on the GPU); the phases ``grad_d2h`` and ``param_h2d`` then time only the waits. Before
+returning, the compute stream is made to wait for the last copies. Anywhere else the option leaves the serial step.
+
 Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copies) with ``host_threads``
 intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
 process may run on, shared between the ranks on this host that step at the same time (all of them, or
@@ -108,6 +116,8 @@ class HostAdamW(torch.optim.Optimizer):
     broadcast_device: rank-0 owner only: ``"auto"`` (default) ``"cuda"`` when CUDA is available and the group
         has an NCCL backend, else the host; ``"host"``; or a device (``"cuda"``, ``"cpu"``) to broadcast on
         over ``process_group``, whose backend must handle it.
+    overlap_copies: run the gradient and parameter copies on a side CUDA stream beside the host step (see the
+        module docstring; bit-identical); ``False`` (default) the serial step.
     """
 
     def __init__(
@@ -129,6 +139,7 @@ class HostAdamW(torch.optim.Optimizer):
         timer=None,
         host_threads: int | None = None,
         broadcast_device: str = "auto",
+        overlap_copies: bool = False,
     ) -> None:
         _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
         if host_threads is not None and (isinstance(host_threads, bool) or not isinstance(host_threads, int)
@@ -155,6 +166,9 @@ class HostAdamW(torch.optim.Optimizer):
         self._device_staging = (StagingPool(device=self._broadcast_device)
                                 if self._broadcast_device is not None else None)
         self.host_threads = _default_host_threads(rank0_owner) if host_threads is None else host_threads
+        self.overlap_copies = bool(overlap_copies)
+        self.last_step_overlapped = False  # whether the last step ran its copies beside the host step
+        self._copy_streams: dict[torch.device, Any] = {}  # the side stream per device (overlap_copies)
 
     # ------------------------------------------------------------------ process group
     def _setup_group(self, process_group, *, required: bool) -> None:
@@ -211,10 +225,14 @@ class HostAdamW(torch.optim.Optimizer):
             self.last_step_skipped = True
             return loss
         self.last_step_skipped = False
-        self._reserve_staging(work)
+        self.last_step_overlapped = self._can_overlap(work)
+        self._reserve_staging(work, buffers=2 if self.last_step_overlapped else 1)
         with _intra_op_threads(self.host_threads):
-            for group, p in work:
-                self._step_one(group, p)
+            if self.last_step_overlapped:
+                self._step_overlapped(work)
+            else:
+                for group, p in work:
+                    self._step_one(group, p)
         if self._device_staging is not None:
             self._device_staging.release()  # device memory only during the step, not through the next forward
         return loss
@@ -229,15 +247,7 @@ class HostAdamW(torch.optim.Optimizer):
                 grad.copy_(p.grad)
             with self._phase("host_step"):
                 master, state = self._master_and_state(p, group, in_place)
-                beta1, beta2 = group["betas"]
-                _adam_functional(
-                    [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
-                    [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
-                    foreach=self.impl == "foreach", fused=self.impl == "fused",
-                    capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
-                    amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
-                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                )
+                self._adam(group, master, grad, state)
             with self._phase("param_pack"):
                 if not in_place:
                     out.copy_(master)
@@ -250,6 +260,68 @@ class HostAdamW(torch.optim.Optimizer):
         with self._phase("param_h2d"):
             if not in_place:
                 p.copy_(out)
+
+    def _adam(self, group: dict[str, Any], master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+        """torch's own functional AdamW on one host master (the kernel torch.optim.AdamW runs, see the docstring)."""
+        beta1, beta2 = group["betas"]
+        _adam_functional(
+            [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
+            [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
+            foreach=self.impl == "foreach", fused=self.impl == "fused",
+            capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
+            amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+        )
+
+    def _can_overlap(self, work) -> bool:
+        return (self.overlap_copies and bool(work) and not self.rank0_owner and self.staging.pinned
+                and all(p.grad.is_cuda for _, p in work))
+
+    def _step_overlapped(self, work) -> None:
+        """The serial step's arithmetic, parameter by parameter, with its copies on a side stream (module docstring)."""
+        device = work[0][1].grad.device
+        compute, copies = torch.cuda.current_stream(device), self._copy_stream(device)
+        copies.wait_stream(compute)  # the gradients are final on the compute stream
+        up_done: list[torch.cuda.Event | None] = [None, None]  # per param buffer: its last upload has finished
+
+        def grad_down(k: int):
+            p = work[k][1]
+            grad = self.staging.view(f"grad{k % 2}", p.numel(), torch.float32).view(p.shape)
+            with torch.cuda.stream(copies):
+                grad.copy_(p.grad, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(copies)
+            return grad, done
+
+        pending = grad_down(0)
+        for k, (group, p) in enumerate(work):
+            grad, down_done = pending
+            if k + 1 < len(work):
+                pending = grad_down(k + 1)  # its buffer was last read by parameter k - 1's host step, finished
+            in_place = _is_own_master(p)
+            with self._phase("grad_d2h"):
+                down_done.synchronize()
+            with self._phase("host_step"):
+                master, state = self._master_and_state(p, group, in_place)
+                self._adam(group, master, grad, state)
+            if in_place:
+                continue
+            with self._phase("param_pack"):
+                if up_done[k % 2] is not None:
+                    up_done[k % 2].synchronize()  # parameter k - 2's upload has read this buffer
+                out = self.staging.view(f"param{k % 2}", p.numel(), p.dtype).view(p.shape)
+                out.copy_(master)
+            with self._phase("param_h2d"), torch.cuda.stream(copies):
+                p.copy_(out, non_blocking=True)
+                up_done[k % 2] = torch.cuda.Event()
+                up_done[k % 2].record(copies)
+        compute.wait_stream(copies)  # the next forward reads the parameters after their uploads
+        copies.synchronize()  # and the staging buffers are free for the next step
+
+    def _copy_stream(self, device: torch.device):
+        if device not in self._copy_streams:
+            self._copy_streams[device] = torch.cuda.Stream(device)
+        return self._copy_streams[device]
 
     def _broadcast_on_device(self, p: torch.Tensor, out: torch.Tensor, in_place: bool) -> None:
         """Rank-0 owner over the device backend: every rank ends with the owner's bits in ``p``."""
@@ -296,15 +368,18 @@ class HostAdamW(torch.optim.Optimizer):
                 state["max_exp_avg_sq"] = torch.zeros_like(master)
         return master, state
 
-    def _reserve_staging(self, work) -> None:
-        """Size each staging buffer once, to the largest parameter of this step."""
+    def _reserve_staging(self, work, buffers: int = 1) -> None:
+        """Size each staging buffer once, to the largest parameter of this step (``buffers`` 2: two per direction,
+        tagged ``grad0``/``grad1`` and ``param0``/``param1``, for the overlapped step)."""
         if not work:
             return
+        tags = [""] if buffers == 1 else [str(i) for i in range(buffers)]
         packed = [p.numel() * p.element_size() for _, p in work if not _is_own_master(p)]
-        if packed:
-            self.staging.reserve("param", max(packed))
-        if self._is_owner:
-            self.staging.reserve("grad", max(p.numel() * 4 for _, p in work))
+        for tag in tags:
+            if packed:
+                self.staging.reserve("param" + tag, max(packed))
+            if self._is_owner:
+                self.staging.reserve("grad" + tag, max(p.numel() * 4 for _, p in work))
 
     def _grads_finite(self, work) -> bool:
         flags = [torch.isfinite(p.grad).all() for _, p in work]
