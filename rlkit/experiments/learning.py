@@ -374,14 +374,17 @@ def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, 
 
 
 def run_row(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """One run in a few fields: arm, folder, whether it was launched (or read back) and how it ended."""
+    """One run in a few fields: arm, folder, whether it was launched (or read back) and how it ended; ``patches``
+    are the ones the run applies (the arm's and its workload levers', :attr:`rlkit.recipe.GRPORecipe.active_patches`)."""
     from rlkit import grpo
+    from rlkit.recipe import GRPORecipe
 
     m = entry["metrics"]
+    recipe = P.build(GRPORecipe, m["recipe"], where=f"the recipe of {name}")
     summary = m.get("summary") or {}
     return {"run": name, "arm": entry["arm"], "folder": entry["folder"], "reused": entry["reused"],
             "launched": m["launched"], "outcome": grpo.outcome(m), "launch_reason": m["launch_reason"],
-            "patches": list(m["recipe"]["patches"]), "optimizer": m["recipe"]["optimizer"],
+            "patches": list(recipe.active_patches), "optimizer": m["recipe"]["optimizer"],
             "verified_patches": (m.get("verify") or {}).get("active_patches"), "step_s": summary.get("step_s"),
             "sanity_passed": (m.get("sanity") or {}).get("passed")}
 
