@@ -29,6 +29,10 @@ from rlkit import params as P
 from rlkit.verl_job import compose_verl_config
 
 NOTEBOOK = "05_grpo_qwen3_4b"
+# verl's fused-kernel log-prob path on its torch backend: logits=chunked renders it (the path the chunked_logprobs
+# patch takes over, its docstring says why); the phase-budget explorer renders it for verl's own fused kernels
+FUSED_KERNEL_OVERRIDES = ("actor_rollout_ref.model.use_fused_kernels=True",
+                          "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch")
 VERL_REPLAY_POLL_S = 2.0  # verl 0.9.1's replay-buffer poll (rlkit.patches.replay_poll); any other value adds that patch
 
 
@@ -241,8 +245,7 @@ def render_overrides(recipe: GRPORecipe, paths: Paths | None = None, out_dir: st
         f"{arr}.model.path={paths.model}",
         f"{arr}.model.use_remove_padding={_b(recipe.use_remove_padding)}",
         f"{arr}.model.enable_gradient_checkpointing={_b(recipe.gradient_checkpointing)}",
-        *([f"{arr}.model.use_fused_kernels=True", f"{arr}.model.fused_kernel_options.impl_backend=torch"]
-          if recipe.logits == "chunked" else []),  # the path chunked_logprobs takes over (its docstring says why)
+        *(FUSED_KERNEL_OVERRIDES if recipe.logits == "chunked" else []),  # the path chunked_logprobs takes over
         f"+{arr}.model.override_config.attn_implementation={recipe.attn_implementation}",
         f"{arr}.actor.strategy=fsdp",
         f"{arr}.actor.ppo_mini_batch_size={recipe.ppo_mini_batch_size}",

@@ -33,6 +33,7 @@ from typing import Any
 
 from rlkit import budget
 from rlkit.params import ParamError
+from rlkit.recipe import FUSED_KERNEL_OVERRIDES
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
 # planner fields the controls set (the rest of the PlanSpec comes from the notebook's parameters)
@@ -40,9 +41,9 @@ SETTINGS = ("model", "gpu_gib", "n_gpus", "gpu_memory_utilization", "max_prompt_
             "train_batch_size", "group_size", "micro_batch_tokens", "lora_rank", "gradient_checkpointing",
             "param_offload", "optimizer_offload", "logits_path")
 GRPO_PROFILE = "h200"  # the profile `rlkit grpo render/launch` starts from in the export
-_FUSED = ["actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"]
 # logits_path -> (recipe field logits, extra verl overrides); a path not here is not the recipe's to choose
-LOGITS_RECIPE = {"chunked_logprobs": ("chunked", []), "verl_fused": ("full", _FUSED), "torch_rowwise": ("full", [])}
+LOGITS_RECIPE = {"chunked_logprobs": ("chunked", []), "verl_fused": ("full", list(FUSED_KERNEL_OVERRIDES)),
+                 "torch_rowwise": ("full", [])}
 
 # a fixed colour per component, so a redraw never repaints the same component another colour
 _PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
