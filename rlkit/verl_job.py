@@ -323,6 +323,18 @@ def stop_session(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+# The sessions run_in_own_session has in flight in this process, whichever thread waits on each.
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def stop_running_sessions() -> None:
+    """Stop every verl session this process has in flight: for a caller whose runs wait in other threads (an
+    interrupt reaches only the main thread, so their own ``finally`` would not stop them); each waiting call then
+    returns with the session's exit code."""
+    for proc in list(_RUNNING):
+        stop_session(proc)
+
+
 def run_in_own_session(argv: list[str], *, env: dict[str, str] | None, cwd: Path, log_path: Path, timeout_s: float,
                        on_line=None) -> tuple[int | str, float]:
     """Run ``argv`` (verl's trainer) in a process session of its own with its console written straight to
@@ -334,6 +346,7 @@ def run_in_own_session(argv: list[str], *, env: dict[str, str] | None, cwd: Path
     start = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    _RUNNING.add(proc)
     follower = None
     if on_line is not None:
         follower = threading.Thread(target=_follow, args=(log_path, proc, on_line), daemon=True)
@@ -344,6 +357,7 @@ def run_in_own_session(argv: list[str], *, env: dict[str, str] | None, cwd: Path
         returncode = "timeout"
     finally:
         stop_session(proc)
+        _RUNNING.discard(proc)
     if follower is not None:
         follower.join()
     return returncode, time.time() - start

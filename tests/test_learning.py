@@ -331,6 +331,29 @@ def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tm
     assert all((tmp_path / "runs2" / n / "metrics.json").exists() for n in (f"{BASE}.r1", f"{BASE}.r2"))
 
 
+def test_an_interrupt_while_runs_wait_side_by_side_stops_their_sessions(tmp_path, monkeypatch):
+    """The runs wait in the pool's threads, where an interrupt does not reach them: the waiting thread stops every
+    verl session in flight itself, then the interrupt goes on."""
+    import concurrent.futures
+
+    from rlkit import grpo, verl_job
+
+    stopped = []
+    monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
+    monkeypatch.setattr(verl_job, "stop_running_sessions", lambda: stopped.append(True))
+    monkeypatch.setattr(grpo, "run", lambda recipe, out_dir, how_to_run: {
+        "recipe": P.as_dict(recipe), "launched": True, "launch_reason": "1 GPU", "launch": {"failure": None},
+        "steps": _steps(RISING[: recipe.steps]), "summary": {}, "verify": {}})
+
+    def interrupted(futures, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(concurrent.futures, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        L.run_all(_cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2), tmp_path / "out")
+    assert stopped == [True]
+
+
 def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):
     from rlkit import grpo
 

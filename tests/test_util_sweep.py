@@ -443,6 +443,28 @@ def test_run_in_own_session_logs_every_line_and_stops_the_session_on_timeout(tmp
     assert not os.path.exists(f"/proc/{grandchild}")  # verl's own children (Ray, vLLM) go with the session
 
 
+def test_stop_running_sessions_ends_the_sessions_waited_on_in_other_threads(tmp_path):
+    """What an interrupted caller of side-by-side runs does (rlkit.experiments.learning): every session in flight is
+    stopped, and the thread waiting on it returns with the session's exit code, not at its time limit."""
+    import sys
+    import threading
+    import time
+
+    result = {}
+    waiter = threading.Thread(target=lambda: result.update(rc=verl_job.run_in_own_session(
+        [sys.executable, "-c", "import time; time.sleep(600)"], env=None, cwd=tmp_path, log_path=tmp_path / "verl.log",
+        timeout_s=600)[0]))
+    waiter.start()
+    deadline = time.time() + 10
+    while not verl_job._RUNNING and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(verl_job._RUNNING) == 1
+    verl_job.stop_running_sessions()
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and result["rc"] != "timeout" and result["rc"] != 0
+    assert not verl_job._RUNNING
+
+
 # ------------------------------------------------------------------------------------------- analysing saved runs again
 
 def test_reanalyze_rebuilds_the_same_labels_from_a_run_saved_without_marks(tmp_path):

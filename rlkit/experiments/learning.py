@@ -348,10 +348,11 @@ def run_all(cfg: Config, out: Path) -> tuple[dict[str, dict[str, Any]], list[str
 
 def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
     """The metrics of each ``(name, arm, recipe)`` of ``batch``, run side by side, each written whole into
-    ``root/name`` (or left ``.failed``); the first failure is raised once every run of the batch has ended."""
-    from concurrent.futures import ThreadPoolExecutor
+    ``root/name`` (or left ``.failed``); the first failure is raised once every run of the batch has ended. An
+    interrupt while waiting stops the runs' verl sessions first (they wait in the pool's threads)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
 
-    from rlkit import grpo
+    from rlkit import grpo, verl_job
     from rlkit.results import ResultsFolder
 
     def one(name: str, recipe) -> dict[str, Any]:
@@ -363,13 +364,15 @@ def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, 
             folder.write_metrics(metrics)
         return metrics
 
-    if len(batch) == 1:
-        return [one(batch[0][0], batch[0][2])]
-    with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-        futures = [pool.submit(one, name, recipe) for name, _, recipe in batch]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]
+    pool = ThreadPoolExecutor(max_workers=len(batch))
+    futures = [pool.submit(one, name, recipe) for name, _, recipe in batch]
+    try:
+        wait(futures)
+    except BaseException:
+        verl_job.stop_running_sessions()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     return [f.result() for f in futures]
 
 
