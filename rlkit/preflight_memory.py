@@ -156,6 +156,7 @@ def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
 
 OPTIMIZER_IMPL = "actor_rollout_ref.actor.optim.optimizer_impl"
 PIN_MEMORY_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.pin_memory"
+OVERLAP_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.overlap_copies"
 
 
 def available_host_gib(meminfo: str | os.PathLike | None = None) -> float | None:
@@ -187,7 +188,8 @@ def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
     owner = bool(c.is_set(RANK0_OWNER_KEY) and c.get(RANK0_OWNER_KEY))
     on_host = "master_on_host" in ctx.active_patches
     options = {"ranks": ranks, "param_offload": bool(c.get(f"{ACTOR_FSDP}.param_offload")),
-               "lora_rank": int(c.get(f"{MODEL}.lora_rank") or 0)}
+               "lora_rank": int(c.get(f"{MODEL}.lora_rank") or 0),
+               "overlap_copies": bool(c.is_set(OVERLAP_KEY) and c.get(OVERLAP_KEY))}
     need = budget.host_adamw_bytes(shape, rank0_owner=owner, master_on_host=on_host, **options)
     gib = {k: v / 2**30 for k, v in need.items()}
     total = sum(gib.values())

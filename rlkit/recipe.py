@@ -78,6 +78,7 @@ class GRPORecipe:
     optimizer: Literal["AdamW", "HostAdamW"] = "AdamW"  # HostAdamW: rlkit.optim, the step on the CPU
     host_pin_memory: bool = True       # HostAdamW: pinned, reused staging buffers (seed Step 4); false: pageable
     host_rank0_owner: bool = False     # HostAdamW: rank 0 alone holds Adam state and broadcasts (seed Step 5)
+    host_overlap_copies: bool = False  # HostAdamW: its copies on a side CUDA stream beside the host step (bit-identical)
     gpu_memory_utilization: float = 0.85
     free_cache_engine: bool = True     # vLLM sleep mode between rollouts
     rollout_tp: int = 1
@@ -141,6 +142,17 @@ class GRPORecipe:
         if self.optimizer != "HostAdamW" and self.host_rank0_owner:
             bad("host_rank0_owner", "is a HostAdamW option but optimizer is AdamW", "set optimizer: HostAdamW or "
                 "host_rank0_owner: false")
+        if self.host_overlap_copies:
+            for key, wrong, why, fix in (
+                    ("optimizer", self.optimizer != "HostAdamW", "host_overlap_copies is a HostAdamW option",
+                     "set optimizer: HostAdamW or host_overlap_copies: false"),
+                    ("host_pin_memory", not self.host_pin_memory, "the overlapped copies need pinned staging "
+                     "(a pageable copy is synchronous)", "set host_pin_memory: true or host_overlap_copies: false"),
+                    ("host_rank0_owner", self.host_rank0_owner, "with a rank-0 owner each parameter's broadcast "
+                     "follows its step, so the copies would not overlap", "set host_rank0_owner: false (on one GPU "
+                     "the owner has no one to broadcast to) or host_overlap_copies: false")):
+                if wrong:
+                    bad(key, why, fix)
         if self.emulate_gpu_gib < 0:
             bad("emulate_gpu_gib", f"{self.emulate_gpu_gib} is negative", "0 (off) or a card size in GiB, e.g. 47.4")
         if self.optimizer == "HostAdamW" and self.optimizer_offload:
@@ -265,7 +277,8 @@ def render_overrides(recipe: GRPORecipe, paths: Paths | None = None, out_dir: st
         f"{arr}.actor.optim.optimizer_impl={optimizer_impl}",
         f"{arr}.actor.optim.optimizer={recipe.optimizer}",
         *([f"{arr}.actor.optim.override_optimizer_config={{pin_memory:{_b(recipe.host_pin_memory).lower()},"
-           f"rank0_owner:{_b(recipe.host_rank0_owner).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
+           f"rank0_owner:{_b(recipe.host_rank0_owner).lower()},"
+           f"overlap_copies:{_b(recipe.host_overlap_copies).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
         f"{arr}.actor.fsdp_config.fsdp_size={recipe.fsdp_size}",
         f"{arr}.actor.fsdp_config.param_offload={_b(recipe.param_offload)}",
         f"{arr}.actor.fsdp_config.optimizer_offload={_b(recipe.optimizer_offload)}",

@@ -302,13 +302,14 @@ def test_a_column_of_the_wrong_type_fails_at_its_first_row(tmp_path):
 # host RAM too small for HostAdamW's pinned buffers
 
 
-def _hostadamw_overrides(rank0_owner: bool = False) -> list[str]:
+def _hostadamw_overrides(rank0_owner: bool = False, overlap_copies: bool = False) -> list[str]:
     """What the recipe renders for Qwen3-4B with HostAdamW on 2 GPUs (the keys the host check reads)."""
     arr = "actor_rollout_ref"
     return [f"{arr}.model.path=qwen3-4b", "trainer.n_gpus_per_node=2", f"{arr}.actor.fsdp_config.param_offload=True",
             f"{arr}.actor.fsdp_config.optimizer_offload=False", f"{arr}.actor.optim.optimizer_impl=rlkit.optim",
             f"{arr}.actor.optim.optimizer=HostAdamW",
-            f"{arr}.actor.optim.override_optimizer_config={{pin_memory:true,rank0_owner:{str(rank0_owner).lower()}}}"]
+            f"{arr}.actor.optim.override_optimizer_config={{pin_memory:true,rank0_owner:{str(rank0_owner).lower()},"
+            f"overlap_copies:{str(overlap_copies).lower()}}}"]
 
 
 def _host_finding(overrides, patches=("offload_views", "no_shard"), **kwargs):
@@ -333,6 +334,15 @@ def test_preflight_refuses_a_node_whose_host_memory_cannot_hold_hostadamw(tmp_pa
     unknown = _host_finding(_hostadamw_overrides())
     assert unknown.severity == "info" and "--host-gib" in unknown.fix
     assert not [f for f in preflight.check_overrides(["actor_rollout_ref.model.path=qwen3-4b"], []) if f.check == "host_memory"]
+
+
+def test_overlapped_copies_double_the_pinned_staging_the_host_check_counts():
+    """HostAdamW(overlap_copies=True) keeps two staging buffers per direction (one parameter's copies run beside the
+    next one's host step): the check counts twice the pinned staging of the serial step, and nothing else more."""
+    serial = _host_finding(_hostadamw_overrides(), host_available_gib=200.0)
+    overlapped = _host_finding(_hostadamw_overrides(overlap_copies=True), host_available_gib=200.0)
+    assert "staging_pinned 5.80" in serial.message and "staging_pinned 11.59" in overlapped.message
+    assert "HostAdamW holds 131.47 GiB" in overlapped.message  # 125.67 + 5.80, each rounded
 
 
 def test_rlkit_preflight_reads_this_hosts_available_memory():

@@ -41,6 +41,11 @@ def test_defaults_are_the_mission_run():
     ({"n_gpus": 3}, "n_gpus"),
     ({"fsdp_size": 4}, "fsdp_size"),
     ({"data_rows": 8}, "data_rows"),
+    ({"host_overlap_copies": True}, "optimizer"),
+    ({"host_overlap_copies": True, "optimizer": "HostAdamW", "optimizer_offload": False, "host_pin_memory": False},
+     "host_pin_memory"),
+    ({"host_overlap_copies": True, "optimizer": "HostAdamW", "optimizer_offload": False, "host_rank0_owner": True},
+     "host_rank0_owner"),
 ])
 def test_bad_recipe_names_the_key_and_fix(changes, key):
     with pytest.raises(P.ParamError, match=rf"GRPORecipe\.{key}: .*Fix: "):
@@ -241,7 +246,8 @@ def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
     if r.optimizer == "HostAdamW":
         assert optim.optimizer_impl == "rlkit.optim" and not config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
         assert dict(optim.override_optimizer_config) == {"pin_memory": r.host_pin_memory,
-                                                         "rank0_owner": r.host_rank0_owner}
+                                                         "rank0_owner": r.host_rank0_owner,
+                                                         "overlap_copies": r.host_overlap_copies}
     else:
         assert optim.override_optimizer_config is None
     env = verl_job.launch_env(r, "/tmp/records", base={})

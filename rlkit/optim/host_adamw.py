@@ -439,6 +439,7 @@ class HostAdamW(torch.optim.Optimizer):
             "pin_memory": self.staging.pinned,
             "broadcast_device": str(self._broadcast_device) if self._broadcast_device is not None else "host",
             "host_threads": self.host_threads,
+            "overlap_copies": self.overlap_copies,
             "group_size": dist.get_world_size(self._group) if self._group is not None else 1,
         }
 

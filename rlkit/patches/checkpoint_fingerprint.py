@@ -44,8 +44,8 @@ FORMAT = 1
 ALLOW_ENV = "RLKIT_ALLOW_CHECKPOINT_MISMATCH"
 # What must agree for a resume: the patches, the optimizer's class, the HostAdamW options that decide what each
 # rank's optimizer file holds or how the next steps compute, which ranks hold Adam state, the world size.
-# The other options (pin_memory, broadcast_device, host_threads, check_identical_grads) are recorded only: they
-# change neither the state nor the numbers.
+# The other options (pin_memory, broadcast_device, host_threads, check_identical_grads, overlap_copies) are recorded
+# only: they change neither the state nor the numbers.
 HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite")
 CHECKED = ("patches", "optimizer", *(f"HostAdamW {o}" for o in HOST_ADAMW_CHECKED), "adam_state_ranks", "world_size")
 _VERSIONED = ("torch", "verl", "transformers", "rlkit")
