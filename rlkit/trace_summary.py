@@ -30,6 +30,12 @@ and annotations that were open on the launching thread when it was launched.
   (flash / fmha / attention / attn: the varlen kernel, SDPA, rlkit's annotated attention call); ``gemm`` and
   ``elementwise`` by name (:data:`GEMM`, :data:`ELEMENTWISE`); else ``other`` (reductions, norms, softmax, copies
   of other shapes). Categories are tested in that order.
+- **Passes.** The same kernel time by the pass of the update that launched it (``passes``, each with its time per
+  category): ``optimizer`` (an optimizer marker on the stack), ``backward`` (an autograd engine node on the stack,
+  ``autograd::engine::evaluate_function: ...``), ``recompute`` (inside such a node, an operator nested in the node's
+  own operator records an autograd ``Sequence number``: the profiler records one for operators run with grad mode
+  on, which the backward runs with off and a checkpoint's recompute turns back on to rebuild its layer's graph),
+  else ``forward``. A CPU trace's operator counts itself in that test, its self time being the kernel.
 - **Host syncs.** Runtime/driver calls that block the host until the device catches up (:data:`SYNC_CALLS`),
   synchronous ``cudaMemcpy``, and device-to-host copies (``DtoH`` device events: a copy to pageable memory blocks
   the host, and a copy whose value the host reads is followed by a sync), with where they came from: the innermost
@@ -68,6 +74,8 @@ ELEMENTWISE = re.compile(r"elementwise|vectorized|foreach|multi_tensor_apply|^at
                          r"silu|sigmoid|pow|rsqrt|sqrt|copy|_to_copy|fill|zero|clamp|where|masked_fill|lerp|addcmul|"
                          r"addcdiv|sign|abs|reciprocal|maximum|minimum)_?$", re.IGNORECASE)
 CATEGORIES = ("attention", "gemm", "chunked_logprob", "elementwise", "optimizer", "memcpy_memset", "other")
+PASSES = ("forward", "recompute", "backward", "optimizer")
+AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 GAP_BUCKETS_US = ((0.0, 10.0, "<10us"), (10.0, 100.0, "10-100us"), (100.0, 1000.0, "0.1-1ms"),
                   (1000.0, 10000.0, "1-10ms"), (10000.0, float("inf"), ">=10ms"))
 EPS_US = 1e-6
@@ -150,6 +158,20 @@ def classify(name: str, cat: str, stack: Iterable[str], markers: Mapping[str, tu
     return "other"
 
 
+def pass_of(chain: list[Mapping[str, Any]], markers: Mapping[str, tuple[str, ...]] = REGION_MARKERS) -> str:
+    """The pass (:data:`PASSES`) of an event launched under the host ``chain`` (innermost first; module docstring)."""
+    names = _names(chain)
+    if any(m in n for n in names for m in markers.get("optimizer", ())):
+        return "optimizer"
+    nodes = [i for i, n in enumerate(names) if n.startswith(AUTOGRAD_NODE)]
+    if not nodes:
+        return "forward"
+    inside_node_op = chain[:max(nodes[0] - 1, 0)]  # below the engine's entry and the node's own operator
+    if any("Sequence number" in (e.get("args") or {}) for e in inside_node_op if e.get("cat") == "cpu_op"):
+        return "recompute"
+    return "backward"
+
+
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for start, end in sorted(intervals):
@@ -217,12 +239,14 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
         chain = thread.chain(i)
         return [c for c in chain if c is not e]
 
-    # the timeline: (event, host stack names, time it counts: the device duration, or a CPU operator's self time)
-    timeline: list[tuple[Mapping[str, Any], list[str], float]] = []
+    # the timeline: (event, host stack names, time it counts: the device duration, or a CPU operator's self time,
+    # the pass that launched it)
+    timeline: list[tuple[Mapping[str, Any], list[str], float, str]] = []
     if device:
         for e in device:
             launch = launch_by_corr.get((e.get("args") or {}).get("correlation"))
-            timeline.append((e, _names(host_chain(launch)) if launch is not None else [], float(e["dur"])))
+            chain = host_chain(launch) if launch is not None else []
+            timeline.append((e, _names(chain), float(e["dur"]), pass_of(chain, markers)))
     else:
         for thread in threads.values():
             nested = [0.0] * len(thread.events)  # time of the events directly inside each one
@@ -232,11 +256,12 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
             for i, e in enumerate(thread.events):
                 if e.get("cat") == "cpu_op":
                     own = max(float(e["dur"]) - nested[i], 0.0)
-                    timeline.append((e, _names(thread.chain(thread.parent[i])), own))
+                    chain = thread.chain(thread.parent[i])
+                    timeline.append((e, _names(chain), own, pass_of([e, *chain], markers)))
 
-    start, end, mark = _window(events, window, [e for e, _, _ in timeline])
+    start, end, mark = _window(events, window, [e for e, *_ in timeline])
     span = max(end - start, 0.0)
-    inside = [(e, s, t) for e, s, t in timeline if _end(e) > start and float(e["ts"]) < end]
+    inside = [row for row in timeline if _end(row[0]) > start and float(row[0]["ts"]) < end]
 
     # kernels by name and category (device durations clipped to the window)
     per_name: dict[str, dict[str, Any]] = {}
@@ -244,7 +269,8 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
     total_us = 0.0
     intervals = []
     seen: dict[tuple, str] = {}  # classify's answers (stacks repeat: every layer, every micro-batch)
-    for e, stack, counted in inside:
+    passes = {p: {"ms": 0.0, "count": 0, "ms_by_category": Counter()} for p in PASSES}
+    for e, stack, counted, pass_name in inside:
         a, b = max(float(e["ts"]), start), min(_end(e), end)
         dur = min(max(b - a, 0.0), counted)
         total_us += dur
@@ -259,6 +285,9 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
         row["cats"][category] += dur
         categories[category]["ms"] += dur / 1000
         categories[category]["count"] += 1
+        passes[pass_name]["ms"] += dur / 1000
+        passes[pass_name]["count"] += 1
+        passes[pass_name]["ms_by_category"][category] += dur / 1000
     ranked = sorted(per_name.values(), key=lambda r: -r["us"])
     # one kernel name can serve several categories (the same GEMM kernel in a layer and in the log-prob's chunks)
     top = [{"name": r["name"], "category": max(r["cats"], key=r["cats"].get), "count": r["count"],
@@ -268,6 +297,9 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
     for row in categories.values():
         row["share"] = row["ms"] * 1000 / total_us if total_us else 0.0
         row["share_of_window"] = row["ms"] * 1000 / span if span else 0.0
+    for row in passes.values():
+        row["share"] = row["ms"] * 1000 / total_us if total_us else 0.0
+        row["ms_by_category"] = {c: row["ms_by_category"][c] for c in CATEGORIES if row["ms_by_category"][c]}
 
     # busy intervals and the gaps between them
     busy = _union(intervals)
@@ -278,8 +310,8 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
         if a - cursor > EPS_US:
             gaps.append((cursor, a))
         cursor = max(cursor, b)
-    by_start = sorted((max(float(e["ts"]), start), e["name"]) for e, _, _ in inside)
-    by_end = sorted((min(_end(e), end), e["name"]) for e, _, _ in inside)
+    by_start = sorted((max(float(e["ts"]), start), e["name"]) for e, *_ in inside)
+    by_end = sorted((min(_end(e), end), e["name"]) for e, *_ in inside)
     start_keys, end_keys = [t for t, _ in by_start], [t for t, _ in by_end]
     main_key = (mark.get("pid"), mark.get("tid")) if mark is not None else None
     if main_key not in threads and threads:
@@ -327,6 +359,7 @@ def summarize(events: list[Mapping[str, Any]], *, window: str | None = "rlkit_up
         "top_kernels_share": sum(r["share"] for r in top),
         "kernel_names": len(per_name),
         "categories": categories,
+        "passes": passes,
         "idle_gaps": {"count": len(gaps), "total_ms": sum(b - a for a, b in gaps) / 1000, "histogram": histogram,
                       "by_region": dict(sorted(by_region.items(), key=lambda kv: -kv[1]["ms"])),
                       "largest": [describe(g) for g in largest]},

@@ -188,3 +188,51 @@ def test_capped_export_keeps_the_whole_trace_or_the_first_micro_batch(tmp_path, 
     assert none["file"] is None and none["kept"].startswith("nothing") and not (tmp_path / "c.json.gz").exists()
     with gzip.open(tmp_path / "a.json.gz", "rt") as f:
         assert json.load(f)["schemaVersion"] == 1
+
+
+def test_passes_split_the_kernel_time_into_forward_recompute_backward_and_optimizer():
+    """A backward node's own GEMM is backward; a GEMM under an operator that records an autograd sequence number
+    inside that node is the checkpoint's recompute; an optimizer kernel is the optimizer's; the rest is forward."""
+    seq = {"Sequence number": 7}
+    node = "autograd::engine::evaluate_function: MmBackward0"
+    events = [
+        x("rlkit_update", "user_annotation", 0, 1000),
+        x("aten::linear", "cpu_op", 10, 30, **seq), x("aten::mm", "cpu_op", 11, 29), launch(12, 1),
+        x(node, "cpu_op", 100, 400), x("MmBackward0", "cpu_op", 101, 399, **seq),
+        x("aten::linear", "cpu_op", 110, 150, **seq), x("aten::mm", "cpu_op", 111, 149), launch(112, 2),
+        x("aten::mm", "cpu_op", 200, 220), launch(201, 3),  # the node's own gradient GEMM
+        x("optimizer_step", "user_annotation", 500, 600), launch(510, 4),
+        kernel(GEMM, 40, 60, 1), kernel(GEMM, 160, 190, 2), kernel(GEMM, 230, 270, 3), kernel(ADAM, 520, 530, 4),
+    ]
+    passes = T.summarize(events)["passes"]
+    assert {p: round(v["ms"] * 1000, 6) for p, v in passes.items()} == {"forward": 20.0, "recompute": 30.0,
+                                                                        "backward": 40.0, "optimizer": 10.0}
+    assert passes["recompute"]["ms_by_category"] == {"gemm": pytest.approx(0.03)}
+    assert sum(v["share"] for v in passes.values()) == pytest.approx(1.0)
+    assert T.pass_of([]) == "forward" and T.pass_of([{"name": node, "cat": "cpu_op"}]) == "backward"
+
+
+def test_passes_find_a_real_checkpoint_recompute_in_a_cpu_profile(tmp_path):
+    """torch.profiler on this CPU: two blocks of linear-silu-linear, the first under non-reentrant checkpointing.
+    The recompute is the first block's forward again (its GEMMs and silu, nothing of the backward's plain mm); the
+    forward is both blocks; the backward holds every gradient GEMM."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    first, second = (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.SiLU(), torch.nn.Linear(32, 16))
+                     for _ in range(2))
+    x = torch.randn(8, 16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("rlkit_update"):
+            second(checkpoint(first, x, use_reentrant=False)).square().mean().backward()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    thread = T._Thread([e for e in T.load_events(tmp_path / "trace.json") if e.get("cat") == "cpu_op"])
+    seen: dict[tuple[str, str], int] = {}
+    for i, e in enumerate(thread.events):
+        if e["name"] in ("aten::addmm", "aten::mm", "aten::silu"):
+            key = (T.pass_of([e, *thread.chain(thread.parent[i])]), e["name"])
+            seen[key] = seen.get(key, 0) + 1
+    assert seen[("forward", "aten::addmm")] == 4 and seen[("forward", "aten::silu")] == 2
+    assert seen[("recompute", "aten::silu")] == 1 and 1 <= seen[("recompute", "aten::addmm")] <= 2
+    assert ("recompute", "aten::mm") not in seen and seen[("backward", "aten::mm")] >= 6

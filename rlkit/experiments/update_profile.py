@@ -471,6 +471,7 @@ def markdown(metrics: dict[str, Any], *, name_chars: int = 90) -> str:
         "| category | ms | share of kernel time | share of window |", "|---|---|---|---|",
         *[f"| {c} | {v['ms']:.1f} | {pct(v['share'])} | {pct(v['share_of_window'])} |"
           for c, v in sorted(s["categories"].items(), key=lambda kv: -kv[1]["ms"]) if v["count"]], "",
+        *_passes_table(s, pct), "",
         "| kernel | category | count | ms | share |", "|---|---|---|---|---|",
         *[f"| `{short(r['name'])}` | {r['category']} | {r['count']} | {r['total_ms']:.1f} | {pct(r['share'])} |"
           for r in s["top_kernels"]], "",
@@ -484,6 +485,19 @@ def markdown(metrics: dict[str, Any], *, name_chars: int = 90) -> str:
           for r in s["host_syncs"]["by_source"]],
     ]
     return "\n".join(lines) + "\n"
+
+
+def _passes_table(summary: dict[str, Any], pct) -> list[str]:
+    """Kernel time by pass (forward, the checkpoint's recompute, backward, optimizer) and category; a summary made
+    before the passes were counted has none."""
+    passes = summary.get("passes")
+    if not passes:
+        return ["*Kernel time by pass: not in this summary (`--reanalyze` adds it from the trace).*"]
+    cats = [c for c in summary["categories"] if any(v["ms_by_category"].get(c) for v in passes.values())]
+    return ["| pass | ms | share of kernel time | " + " | ".join(cats) + " |", "|---" * (len(cats) + 3) + "|",
+            *[f"| {p} | {v['ms']:.1f} | {pct(v['share'])} | "
+              + " | ".join(f"{v['ms_by_category'].get(c, 0.0):.1f}" for c in cats) + " |"
+              for p, v in passes.items() if v["count"]]]
 
 
 def reanalyze(folder: str | Path) -> dict[str, Any]:
