@@ -317,6 +317,7 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(s.get('actor_max_allocated_gib'), '.2f')} / {fmt(s.get('actor_max_reserved_gib'), '.2f')} | "
                      f"{fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
                      f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {_planner_cell(planner_check(m))} |")
+    lines += _variant_lines(loaded)
     drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
                                                for step in training_steps(m.get("steps", [])))
                       for name, m in loaded.items())
@@ -325,6 +326,35 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                     "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
                     "with different response means are not comparable; tokens/s/GPU is closer to it. The profile now runs at lr 0 "
                     "for that reason (`nbs/params/05_grpo_qwen3_4b.h200-seed.yaml` says why)."]
+
+
+def update_tokens_per_s(metrics: dict) -> float | None:
+    """Tokens the update processed per second of update_actor over a run's averaged steps (steps 2..)."""
+    from rlkit.verl_logs import averaged_steps
+
+    steps = [s for s in averaged_steps(metrics.get("steps", []))
+             if s.get("perf/total_num_tokens") and s.get("timing_s/update_actor")]
+    if not steps:
+        return None
+    return sum(s["perf/total_num_tokens"] for s in steps) / sum(s["timing_s/update_actor"] for s in steps)
+
+
+def _variant_lines(loaded: dict[str, dict]) -> list[str]:
+    """Each run named ``<run>-<variant>`` (e.g. ``-padded``: padded SDPA; ``-overlap``: HostAdamW's overlapped
+    copies) against the run it varies: update tokens/s and step time, each side's own measurement."""
+    out = []
+    for name, m in loaded.items():
+        base = next((b for b in loaded if name.startswith(b + "-") and b != name), None)
+        if base is None:
+            continue
+        ours, theirs = update_tokens_per_s(m), update_tokens_per_s(loaded[base])
+        step, base_step = (m.get("summary") or {}).get("step_s"), (loaded[base].get("summary") or {}).get("step_s")
+        ratio = f"{theirs / ours:.2f}x" if ours and theirs else "-"
+        change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
+        out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
+                   f"(`{base}` {ratio} the variant's), step {fmt(step)} against {fmt(base_step)} s ({change}).")
+    return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
+        if out else []
 
 
 def _pct(value) -> str:

@@ -117,3 +117,29 @@ def test_arc_summary_judges_the_full_arc_against_the_targets():
     assert "15.0% shorter (target 16%: not met)" in missed and "6.50 GiB lower (target 7 GiB: not met)" in missed
     assert "arms without" not in missed
     assert "not measured yet" in report.arc_summary({**base, later[-1]: _arm(50.0, 20.0, trained=False)})
+
+
+def test_a_seed_variant_is_compared_with_the_run_it_varies(tmp_path):
+    """``h200-seed-<arm>-padded`` beside ``h200-seed-<arm>``: a row of its own, and a line comparing the update's
+    tokens per second of both (here the variant's update_actor takes twice as long: the base does 2.00x) and the
+    step time."""
+    import json
+
+    root = _git_repo(tmp_path)
+    runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+    base, variant = "h200-seed-1-fixes-hostadamw", "h200-seed-1-fixes-hostadamw-padded"
+    shutil.copytree(runs / base, root / "05_grpo_qwen3_4b" / base)
+    shutil.copytree(runs / base, root / "05_grpo_qwen3_4b" / variant)
+    metrics_file = root / "05_grpo_qwen3_4b" / variant / "metrics.json"
+    metrics = json.loads(metrics_file.read_text())
+    for step in metrics["steps"]:
+        if "timing_s/update_actor" in step:
+            step["timing_s/update_actor"] *= 2
+    metrics_file.write_text(json.dumps(metrics))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    text = "\n".join(report.seed_workload_section(root))
+    assert f"| {variant} |" in text and f"| {base} |" in text
+    (line,) = [x for x in text.splitlines() if x.startswith(f"- `{variant}` against `{base}`")]
+    assert f"(`{base}` 2.00x the variant's)" in line and "(+0%)" in line  # step_s is the copied summary's
+    tokens = report.update_tokens_per_s(json.loads((runs / base / "metrics.json").read_text()))
+    assert f"against {tokens:.0f} tokens/s" in line
