@@ -1,0 +1,62 @@
+#!/bin/bash
+# One device session's GPU work on the node, job after job, from the repository root. Start it detached and poll for
+# ROOT/DONE, which it writes last (a file test always matches; a process pattern may not):
+#   setsid nohup scripts/node_session.sh /tmp/s resume-test learning profile-overlap > /tmp/s.log 2>&1 &
+#   ... later calls: cat /tmp/s/progress.txt; test -e /tmp/s/DONE
+# Needs the bundle on PYTHONPATH for every job but profile-overlap (docs/offline-node.md); set RLKIT_GIT_SHA when the
+# tree is a copy without .git. Each job writes ROOT/<job>/ (its own progress.txt and consoles); ROOT/progress.txt has
+# each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
+# Jobs (issue in brackets):
+#   resume-test      checkpoint and resume through verl with every patch, on the GPU (25)
+#   learning         notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
+#   profile-overlap  one update profiled with HostAdamW's overlapped copies, after their GPU bit-identity test (24)
+#   vllm-ceiling     standalone vLLM at the seed profile's batch and lengths (24)
+#   seed-arms        arms 1 and 5 at the seed's workload (23)
+#   seed-padded      arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
+#   seed-overlap     arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
+#   seed-poll        arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
+# usage: scripts/node_session.sh ROOT JOB...
+set -u
+root=${1:?give a results root}; shift
+[ $# -gt 0 ] || { echo "give one or more jobs (see the header of $0)" >&2; exit 2; }
+cd "$(dirname "$0")/.." || exit 1
+
+set_job() {  # cmd=(the command of job $2), its results under $1
+  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed)
+  case $job in
+    resume-test) cmd=(python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
+    learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
+    profile-overlap) cmd=(scripts/node_update_profile.sh "$dir" -p overlap_copies=true --tag h200-overlap) ;;
+    vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
+    seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
+    seed-padded) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p attn_implementation=sdpa -p use_remove_padding=false"
+                      RLKIT_TAG_SUFFIX=-padded scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
+    seed-overlap) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p host_rank0_owner=false -p host_overlap_copies=true"
+                       RLKIT_TAG_SUFFIX=-overlap scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-poll) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p replay_poll_s=0.2" RLKIT_TAG_SUFFIX=-poll0.2
+                    scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    *) return 1 ;;
+  esac
+}
+
+for job in "$@"; do  # every name first, so that a typo does not surface an hour in
+  set_job "$root/$job" "$job" || { echo "unknown job '$job' (see the header of $0)" >&2; exit 2; }
+done
+if [ "${RLKIT_DRY_RUN:-0}" = 1 ]; then
+  for job in "$@"; do set_job "$root/$job" "$job"; echo "$job: $(printf '%q ' "${cmd[@]}")"; done
+  exit 0
+fi
+mkdir -p "$root"
+rm -f "$root/DONE"
+source scripts/node_lib.sh
+status=0
+for job in "$@"; do
+  mkdir -p "$root/$job"
+  set_job "$root/$job" "$job"
+  run_in_session "$job/$job" "${cmd[@]}"
+  code=$(tail -1 "$root/progress.txt" | awk '{print $NF}')
+  [ "$code" = 0 ] || status=1
+done
+log "all jobs done (status $status)"
+echo "$status" > "$root/DONE"
+exit "$status"

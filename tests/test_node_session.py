@@ -1,0 +1,110 @@
+"""scripts/node_session.sh, the driver of one device session's GPU work: every job's command names scripts, arms,
+profiles and parameters that exist (a renamed field fails here, not an hour into a lease), an unknown job is refused
+before anything runs, and a job that runs on this CPU (the resume test, skipped without CUDA) goes through the real
+driver: its console, the progress lines with its exit status, and DONE, the poll's exit test."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkit.env import REPO_ROOT
+from rlkit.experiments import learning, update_profile
+from rlkit.recipe import ARMS, GRPORecipe
+
+SCRIPT = REPO_ROOT / "scripts" / "node_session.sh"
+JOBS = re.findall(r"^#   ([a-z-]+)\s{2,}\S", SCRIPT.read_text(), flags=re.M)  # the header's job list
+
+
+def _driver(root: Path, *jobs: str, dry: bool = False, timeout: int = 60) -> subprocess.CompletedProcess:
+    # the node's python3 is the one with torch; here it is this interpreter's
+    env = {**os.environ, "RLKIT_DRY_RUN": "1" if dry else "0",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", str(SCRIPT), str(root), *jobs], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _params(words: list[str]) -> list[str]:
+    """The keys of every ``-p key=value`` in a command, the ones inside RLKIT_GRPO_ARGS too."""
+    words = [w for word in words for w in (shlex.split(word.split("=", 1)[1]) if word.startswith("RLKIT_GRPO_ARGS=")
+                                           else [word])]
+    return [words[i + 1].split("=", 1)[0] for i, w in enumerate(words[:-1]) if w == "-p"]
+
+
+def test_every_job_names_what_exists(tmp_path):
+    assert len(JOBS) == 8
+    proc = _driver(tmp_path / "s", *JOBS, dry=True)
+    assert proc.returncode == 0, proc.stderr
+    commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
+    assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
+    known = {"learning": _fields(learning.Config), "profile-overlap": _fields(update_profile.Config),
+             "resume-test": {"no:cacheprovider"}}  # pytest's -p: a plugin, not a parameter
+    for job, command in commands.items():
+        words = shlex.split(command)
+        scripts = [w for w in words if w.startswith("scripts/")]
+        for script in scripts:
+            assert os.access(REPO_ROOT / script, os.X_OK), f"{job}: {script} is not an executable script"
+        if any("node_grpo_arms" in s for s in scripts):
+            arms = words[words.index(scripts[0]) + 2:]
+            assert arms and set(arms) <= set(ARMS), f"{job}: {arms}"
+            assert (REPO_ROOT / "nbs" / "params" / "05_grpo_qwen3_4b.h200-seed.yaml").exists()
+        fields = known.get(job, _fields(GRPORecipe))
+        assert set(_params(words)) <= fields, f"{job}: {_params(words)} not all in {sorted(fields)}"
+    assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
+    assert f"runs_dir={tmp_path}/s/learning/runs" in commands["learning"]
+
+
+def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):
+    proc = _driver(tmp_path / "s", "resume-test", "seed-armz")
+    assert proc.returncode == 2 and "unknown job 'seed-armz'" in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and os.path.exists("/dev/nvidia0"),
+                    reason="on a GPU node the resume test runs for real (minutes): -m gpu covers it")
+def test_a_job_runs_through_the_real_driver_and_done_is_written_last(tmp_path):
+    root = tmp_path / "s"
+    proc = _driver(root, "resume-test", timeout=600)
+    assert proc.returncode == 0, proc.stderr + (root / "resume-test" / "resume-test.console.log").read_text()
+    progress = (root / "progress.txt").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in progress] == ["resume-test/resume-test start",
+                                                            "resume-test/resume-test exit 0",
+                                                            "all jobs done (status 0)"]
+    console = (root / "resume-test" / "resume-test.console.log").read_text()
+    assert "skipped" in console  # no CUDA here: the GPU test skips, and the driver still records its job
+    assert (root / "DONE").read_text().strip() == "0"
+
+
+def test_the_pack_keeps_results_and_leaves_weights_behind(tmp_path):
+    """scripts/node_pack.sh: one tarball per job folder and one of the session's own files; weights, data and verl
+    checkpoints stay on the node; the sizes are printed with their total."""
+    import tarfile
+
+    root, out = tmp_path / "s", tmp_path / "out"
+    run = root / "seed-arms" / "h200-seed-1-fixes-hostadamw"
+    (run / "global_step_2").mkdir(parents=True)
+    for name in ("metrics.json", "model.safetensors", "train.parquet", "global_step_2/optim.pt"):
+        (run / name).write_text("x")
+    (root / "learning").mkdir()
+    (root / "learning" / "progress.txt").write_text("done\n")
+    (root / "progress.txt").write_text("all jobs done (status 0)\n")
+    (root / "DONE").write_text("0\n")
+    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_pack.sh"), str(root), str(out)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["learning.tgz", "seed-arms.tgz", "session.tgz"]
+    with tarfile.open(out / "seed-arms.tgz") as tar:
+        assert [m.name for m in tar.getmembers() if m.isfile()] == ["seed-arms/h200-seed-1-fixes-hostadamw/metrics.json"]
+    with tarfile.open(out / "session.tgz") as tar:
+        assert sorted(m.name for m in tar.getmembers()) == ["DONE", "progress.txt"]
+    assert proc.stdout.strip().endswith("MiB  total")
