@@ -70,7 +70,9 @@ ATTENTION = re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)
 # cuBLAS / cuBLASLt / CUTLASS GEMM kernels (Hopper: nvjet_*, sm90_xmma_*, cutlass3x_*), and the CPU's GEMM operators.
 GEMM = re.compile(r"gemm|xmma|cutlass|nvjet|cublas|wgmma|splitKreduce|^aten::(?:mm|addmm|bmm|baddbmm|addbmm|"
                   r"_addmm_activation|addmv|mv|dot)$", re.IGNORECASE)
-ELEMENTWISE = re.compile(r"elementwise|vectorized|foreach|multi_tensor_apply|^aten::(?:add|sub|mul|div|neg|exp|log|"
+# Inductor's generated Triton kernels say their kind: triton_poi_* pointwise, triton_red_* / triton_per_* reductions
+# (a fused norm is one of those: "other", with the reductions).
+ELEMENTWISE = re.compile(r"elementwise|vectorized|foreach|multi_tensor_apply|^triton_poi_|^aten::(?:add|sub|mul|div|neg|exp|log|"
                          r"silu|sigmoid|pow|rsqrt|sqrt|copy|_to_copy|fill|zero|clamp|where|masked_fill|lerp|addcmul|"
                          r"addcdiv|sign|abs|reciprocal|maximum|minimum)_?$", re.IGNORECASE)
 CATEGORIES = ("attention", "gemm", "chunked_logprob", "elementwise", "optimizer", "memcpy_memset", "other")

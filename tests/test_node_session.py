@@ -42,12 +42,13 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 8
+    assert len(JOBS) == 10
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
     known = {"learning": _fields(learning.Config), "profile-overlap": _fields(update_profile.Config),
+             "profile-rmsnorm": _fields(update_profile.Config),
              "resume-test": {"no:cacheprovider"}}  # pytest's -p: a plugin, not a parameter
     for job, command in commands.items():
         words = shlex.split(command)

@@ -149,6 +149,8 @@ def test_classify_order():
     assert T.classify("void at::native::reduce_kernel<512, 1>", "kernel", ["aten::sum"]) == "other"
     assert T.classify("aten::addmm", "cpu_op", ["aten::linear"]) == "gemm"
     assert T.classify("aten::mul_", "cpu_op", []) == "elementwise"
+    assert T.classify("triton_poi_fused__to_copy_mul_0", "kernel", []) == "elementwise"  # Inductor's pointwise
+    assert T.classify("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "kernel", []) == "other"  # a fused norm
 
 
 def test_without_device_events_the_cpu_operators_self_time_is_the_timeline():

@@ -37,6 +37,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "chunked_logprobs": "rlkit.patches.chunked_logprobs",
     "varlen_attention": "rlkit.patches.varlen_attention",
     "replay_poll": "rlkit.patches.replay_poll",
+    "compiled_rmsnorm": "rlkit.patches.compiled_rmsnorm",
 }
 
 
