@@ -1,7 +1,9 @@
 """compiled_rmsnorm: Qwen3's RMSNorm through torch.compile. On this CPU (Inductor's C++ kernels): the guard that the
 compiled function is transformers' own expression (and the refusal of one that is not), apply/revert, and a tiny
 Qwen3 wrapped as verl wraps the actor (FSDP1 NO_SHARD, bf16 compute, gradient checkpointing) against the eager norm
-within the module's stated tolerance. On a GPU: the same at Qwen3-4B's widths, in bf16."""
+within the module's stated tolerance, and in fp32 through verl 0.9.1's own engine and PPO loss (packed, rlkit_varlen,
+chunked log-probs) to fp32 rounding, where only the summation order can differ. On a GPU: the same at Qwen3-4B's
+widths, in bf16."""
 from __future__ import annotations
 
 import pytest
@@ -94,3 +96,32 @@ def test_qwen3_4b_widths_on_the_gpu_match_the_eager_norm_within_the_stated_toler
           + ", ".join(f"{n.split('.')[-2] if '.' in n else n}: {(compiled[1][n] - g).abs().max().item():.3g} of "
                       f"{g.abs().max().item():.3g}" for n, g in eager[1].items()))
     _assert_within_tolerance(eager, compiled)
+
+
+@pytest.mark.verl
+def test_through_verls_engine_in_fp32_only_the_summation_order_differs():
+    """fp32 has no casts to emulate: the compiled norm differs from the eager one only in the order it sums a row's
+    squares (and, backward, the gradients), so verl's packed update (rlkit_varlen, chunked log-probs, ppo_loss)
+    agrees to fp32 rounding in loss, log-probs, entropy and every gradient."""
+    from _verl_engine import assert_update_matches, build_fused, engine_update, restored_verl_model_patches
+
+    from rlkit import models
+    from rlkit.patches import chunked_logprobs, varlen_attention
+
+    prompts, responses = [5, 3, 6, 2], [7, 4, 6, 9]
+    model = models.build_random_model("tiny")
+    compiled_rmsnorm.CALLS.clear()
+    try:
+        with restored_verl_model_patches(type(model)):
+            varlen_attention.PATCH.apply()
+            chunked_logprobs.PATCH.apply()
+            model.set_attn_implementation(varlen_attention.NAME)
+            build_fused(model, use_remove_padding=True)
+            ref = engine_update(model, prompts, responses, fused=True, use_remove_padding=True)
+            compiled_rmsnorm.PATCH.apply()
+            out = engine_update(model, prompts, responses, fused=True, use_remove_padding=True)
+    finally:
+        for patch in (compiled_rmsnorm.PATCH, chunked_logprobs.PATCH, varlen_attention.PATCH):
+            patch.revert()
+    assert compiled_rmsnorm.CALLS["compiled"] == 2 * 4 + 1  # 2 layers x 4 norms + the final norm, one forward
+    assert_update_matches(ref, out, model, prompts, responses)
