@@ -67,9 +67,14 @@ def test_a_target_that_cannot_be_imported_names_patch_module_and_fix():
 
 @pytest.fixture
 def modules(tmp_path, monkeypatch):
-    """write(name, source) puts a module on sys.path; every module written and every deferral is gone after."""
+    """write(name, source) puts a module on sys.path; every module written and every deferral is gone after. A
+    deferral made before the test (the verl plugin's, where an earlier test imported verl in this process) waits
+    outside it, so that the hook's presence is this test's own, and waits again after."""
     import sys
 
+    earlier = patches.pending()
+    for patch in earlier:
+        patch.revert()
     monkeypatch.syspath_prepend(str(tmp_path))
     written = []
 
@@ -83,6 +88,8 @@ def modules(tmp_path, monkeypatch):
         patch.revert()
     for name in written:
         sys.modules.pop(name, None)
+    for patch in earlier:
+        patch.apply_when_imported()
 
 
 def _setter_patch(module: str, targets=None, value="patched"):
