@@ -436,7 +436,8 @@ def describe(metrics: dict[str, Any]) -> str:
         f"{recipe['rollout_n']} samples per step, reward {metrics['reward']}, patches "
         f"{', '.join(recipe['patches']) or 'none'}; attention {recipe.get('attn_implementation', 'sdpa')}"
         f"{', unpadded' if recipe.get('use_remove_padding') else ', padded'}, logits {recipe.get('logits', 'full')}, "
-        f"replay-buffer poll {recipe.get('replay_poll_s', 2.0):g} s, RMSNorm {recipe.get('rmsnorm', 'eager')}"
+        f"replay-buffer poll {recipe.get('replay_poll_s', 2.0):g} s, RMSNorm {recipe.get('rmsnorm', 'eager')}, "
+        f"rotary and SwiGLU {recipe.get('pointwise', 'eager')}"
         f"{', HostAdamW copies overlapped' if recipe.get('host_overlap_copies') else ''}."),
     ]
     if verify.get("skipped"):

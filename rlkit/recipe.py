@@ -49,7 +49,8 @@ LEVERS = (Lever("attn_implementation", "varlen_attention", lambda v: v == "rlkit
           Lever("logits", "chunked_logprobs", lambda v: v == "chunked", "chunked"),
           Lever("replay_poll_s", "replay_poll", lambda v: v != VERL_REPLAY_POLL_S,
                 f"e.g. 0.2 (any value but verl's {VERL_REPLAY_POLL_S:g} s)"),
-          Lever("rmsnorm", "compiled_rmsnorm", lambda v: v == "compiled", "compiled"))
+          Lever("rmsnorm", "compiled_rmsnorm", lambda v: v == "compiled", "compiled"),
+          Lever("pointwise", "compiled_pointwise", lambda v: v == "compiled", "compiled"))
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class GRPORecipe:
     logits: Literal["full", "chunked"] = "full"  # chunked: log-probs from hidden states in row chunks (a patch)
     replay_poll_s: float = 2.0         # verl's replay-buffer poll for finished rollouts (2.0: verl's; else a patch)
     rmsnorm: Literal["eager", "compiled"] = "eager"  # compiled: Qwen3's RMSNorm through torch.compile (a patch)
+    pointwise: Literal["eager", "compiled"] = "eager"  # compiled: rotary + SwiGLU through torch.compile (a patch)
     gradient_checkpointing: bool = True
     ray_num_cpus: int = 64             # verl's default actor CPU reservations hang on small hosts
     helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
@@ -179,7 +181,8 @@ class GRPORecipe:
     def active_patches(self) -> tuple[str, ...]:
         """Every patch the plugin applies: the arm's ``patches``, then those the workload levers imply
         (``attn_implementation: rlkit_varlen`` -> varlen_attention, ``logits: chunked`` -> chunked_logprobs,
-        ``replay_poll_s`` other than verl's 2 s -> replay_poll, ``rmsnorm: compiled`` -> compiled_rmsnorm).
+        ``replay_poll_s`` other than verl's 2 s -> replay_poll, ``rmsnorm: compiled`` -> compiled_rmsnorm,
+        ``pointwise: compiled`` -> compiled_pointwise).
         Arms replace ``patches`` wholesale; the levers are fields of their own, so a profile's workload
         keeps its kernels under every arm."""
         implied = [lever.patch for lever in LEVERS if lever.is_on(getattr(self, lever.field))]

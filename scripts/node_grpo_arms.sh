@@ -32,7 +32,7 @@ for arm in "$@"; do
   if [ "$arm" = gpu-tests ]; then
     run_in_session gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_adamw.py \
         tests/test_metric_entropy.py tests/test_varlen_attention.py tests/test_chunked_logprobs.py \
-        tests/test_compiled_rmsnorm.py
+        tests/test_compiled_patches.py
   else
     run_in_session "$prefix$arm$suffix" python3 -m rlkit.grpo launch --profile "$profile" --arm "$arm" \
         "${grpo_args[@]}" --tag "$prefix$arm$suffix" --out "$root"

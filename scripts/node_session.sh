@@ -7,16 +7,16 @@
 # tree is a copy without .git. Each job writes ROOT/<job>/ (its own progress.txt and consoles); ROOT/progress.txt has
 # each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
 # Jobs (issue in brackets):
-#   resume-test      checkpoint and resume through verl with every patch, on the GPU (25)
-#   learning         notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
-#   profile-overlap  one update profiled with HostAdamW's overlapped copies, after their GPU bit-identity test (24)
-#   profile-rmsnorm  one update profiled with the compiled RMSNorm, after its GPU tolerance test (24)
-#   vllm-ceiling     standalone vLLM at the seed profile's batch and lengths (24)
-#   seed-arms        arms 1 and 5 at the seed's workload (23)
-#   seed-padded      arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
-#   seed-overlap     arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
-#   seed-poll        arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
-#   seed-rmsnorm     arm 5 at the seed's workload with the compiled RMSNorm (24)
+#   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
+#   learning          notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
+#   profile-overlap   one update profiled with HostAdamW's overlapped copies, after their GPU bit-identity test (24)
+#   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, after their GPU tests (24)
+#   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
+#   seed-arms         arms 1 and 5 at the seed's workload (23)
+#   seed-padded       arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
+#   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
+#   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
+#   seed-compiled     arm 5 at the seed's workload with the compiled RMSNorm, rotary and SwiGLU (24)
 # usage: scripts/node_session.sh ROOT JOB...
 set -u
 root=${1:?give a results root}; shift
@@ -29,7 +29,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     resume-test) cmd=(python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
     profile-overlap) cmd=(scripts/node_update_profile.sh "$dir" -p overlap_copies=true --tag h200-overlap) ;;
-    profile-rmsnorm) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled --tag h200-compiled-rmsnorm) ;;
+    profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
+                           --tag h200-compiled) ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
     seed-padded) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p attn_implementation=sdpa -p use_remove_padding=false"
@@ -38,8 +39,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                        RLKIT_TAG_SUFFIX=-overlap scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-poll) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p replay_poll_s=0.2" RLKIT_TAG_SUFFIX=-poll0.2
                     scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
-    seed-rmsnorm) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled" RLKIT_TAG_SUFFIX=-compiled-rmsnorm
-                       scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-compiled) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled -p pointwise=compiled"
+                        RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     *) return 1 ;;
   esac
 }

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 24 item 2 on a GPU node, from the repository root: the update profiler's tests (the trace analysis on hand-made
 # events, and the tiny model on the GPU: the CUDA trace's kernels, launches and syncs) and HostAdamW's overlapped
-# copies against its serial step (bit-identical, on the GPU) and the compiled RMSNorm against the eager one (within
-# its tolerance), then one profiled update of the
+# copies against its serial step (bit-identical, on the GPU) and the compiled RMSNorm, rotary and SwiGLU against
+# eager (tests/test_compiled_patches.py), then one profiled update of the
 # seed's workload (python -m rlkit.experiments.update_profile, profile h200: Qwen3-4B bf16 on one GPU, ~2 min).
 # Needs only the node's torch + transformers (no verl, vllm, flash-attn); nothing to install.
 # usage: scripts/node_update_profile.sh [<results root> [-p key=value ... --tag TAG]]   (default root: $OUT; the
@@ -20,7 +20,7 @@ source scripts/node_lib.sh
 log "gpu tests start"
 python3 -m pytest tests/test_trace_summary.py tests/test_update_profile.py::test_tiny_model_on_the_gpu -q -rA \
     tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu \
-    tests/test_compiled_rmsnorm.py \
+    tests/test_compiled_patches.py \
     -p no:cacheprovider > "$root/gpu_tests.log" 2>&1
 tests=$?
 log "gpu tests exit $tests"

@@ -48,7 +48,7 @@ def test_every_job_names_what_exists(tmp_path):
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
     known = {"learning": _fields(learning.Config), "profile-overlap": _fields(update_profile.Config),
-             "profile-rmsnorm": _fields(update_profile.Config),
+             "profile-compiled": _fields(update_profile.Config),
              "resume-test": {"no:cacheprovider"}}  # pytest's -p: a plugin, not a parameter
     for job, command in commands.items():
         words = shlex.split(command)

@@ -30,7 +30,8 @@ group: fp32 master and gradients, bf16 compute copies cast at every unshard) or 
 device (arm 5 parks it on the host, which adds one host-to-device cast per step). ``optimizer``: ``none`` (no
 clipping, no step: fwd/bwd only), ``gpu_adamw`` (torch AdamW on the device as verl builds it) or ``host_adamw``
 (rlkit's HostAdamW with pinned staging, the seed's arms; needs an FSDP wrap). ``rmsnorm: compiled`` applies the
-``compiled_rmsnorm`` patch (Qwen3's RMSNorm through torch.compile; the warm-up update compiles it).
+``compiled_rmsnorm`` patch (Qwen3's RMSNorm through torch.compile), ``pointwise: compiled`` the
+``compiled_pointwise`` patch (rotary and SwiGLU); the warm-up update compiles them.
 
 Sequence: ``warmup_steps`` updates (kernels, allocator, HostAdamW's state), ``timed_steps`` updates without the
 profiler (wall time, the MFU's denominator), then one update under ``torch.profiler`` (CPU + CUDA activities,
@@ -80,6 +81,7 @@ class Config:
     overlap_copies: bool  # host_adamw: its copies on a side stream beside the host step (bit-identical)
     gradient_checkpointing: bool  # like verl's enable_gradient_checkpointing
     rmsnorm: str  # eager (transformers') | compiled (the compiled_rmsnorm patch: the same expression, torch.compile)
+    pointwise: str  # eager | compiled (the compiled_pointwise patch: rotary and SwiGLU through torch.compile)
     micro_batches: int  # micro-batches in the update
     max_tokens_per_micro_batch: int  # verl's ppo_max_token_len_per_gpu (packed tokens per micro-batch, at most)
     micro_batch_fill: float  # tokens drawn / (micro_batches x max_tokens_per_micro_batch), in (0, 1]
@@ -97,7 +99,7 @@ class Config:
 
     def __post_init__(self):
         choices = {"device": ("auto", "cuda", "cpu"), "wrap": WRAPS, "optimizer": OPTIMIZERS,
-                   "rmsnorm": ("eager", "compiled")}
+                   "rmsnorm": ("eager", "compiled"), "pointwise": ("eager", "compiled")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise P.ParamError(f"{key}={getattr(self, key)!r}: use one of {list(allowed)}.")
@@ -133,13 +135,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The seed's update on one H200: Qwen3-4B, 4 micro-batches of <= 24,576 tokens (about a third of a seed step's
     # ~11), the seed's arm-5 wrap and host optimizer (fp32 master kept on the device). ~1.5-2.5 min on the node.
     "h200": {"model": "qwen3-4b", "device": "cuda", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
+             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager", "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
              "micro_batch_fill": 0.95, "prompt_tokens": 100, "response_mean": 1200, "response_cap": 4096,
              "chunk_rows": 2048, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
     # The same code path on a CPU in seconds (per-sequence SDPA instead of the varlen kernel, no CUDA events).
     "tiny": {"model": "tiny", "device": "cpu", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "micro_batches": 2, "max_tokens_per_micro_batch": 256,
+             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager", "micro_batches": 2, "max_tokens_per_micro_batch": 256,
              "micro_batch_fill": 0.9, "prompt_tokens": 12, "response_mean": 40, "response_cap": 120,
              "chunk_rows": 64, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
@@ -361,11 +363,12 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
 
     from rlkit import patches, trace_summary
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import cast_once, compiled_rmsnorm, varlen_attention
+    from rlkit.patches import cast_once, compiled_pointwise, compiled_rmsnorm, varlen_attention
 
     device = _device(cfg.device)
     wanted = ([varlen_attention.PATCH] + ([cast_once.PATCH] if cfg.wrap == "fsdp_cast_once" else [])
-              + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else []))
+              + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else [])
+              + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else []))
     applied = [p for p in wanted if not p.active()]
     for patch in applied:
         patch.apply()

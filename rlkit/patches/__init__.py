@@ -38,6 +38,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "varlen_attention": "rlkit.patches.varlen_attention",
     "replay_poll": "rlkit.patches.replay_poll",
     "compiled_rmsnorm": "rlkit.patches.compiled_rmsnorm",
+    "compiled_pointwise": "rlkit.patches.compiled_pointwise",
 }
 
 

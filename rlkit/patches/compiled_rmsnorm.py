@@ -9,7 +9,8 @@ attention and before the MLP over the 2,560 hidden channels of Qwen3-4B, and per
 key channels), in the forward, in the checkpoint's recompute and in the backward.
 
 What it does. ``Qwen3RMSNorm.forward`` becomes :func:`rms_norm` (transformers' expression, line by line) compiled
-by ``torch.compile`` (Inductor, dynamic shapes, the whole function one graph): on a GPU a fused Triton kernel for
+by ``torch.compile`` (:func:`rlkit.patches._compile.like_eager`: Inductor, dynamic shapes, the whole function one
+graph): on a GPU a fused Triton kernel for
 the forward and fused kernels for the backward, which keep what the backward needs instead of the fp32
 intermediates. Inductor's ``emulate_precision_casts`` keeps eager's rounding to the input dtype before the weight
 multiply. Every instance changes at once (the class's forward), so verl's actor uses it in its training forward
@@ -36,11 +37,11 @@ import collections
 import torch
 
 from rlkit.patches import Patch, PatchError, import_target, replace_attr
+from rlkit.patches._compile import compile_failed, like_eager
 
 TRANSFORMERS_MODULE = "transformers.models.qwen3.modeling_qwen3"
 # Calls of the patched forward, for tests and measurements: what actually ran.
 CALLS: collections.Counter = collections.Counter()
-_compiled = None  # the compiled rms_norm, built at the first call (torch.compile itself compiles then)
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,23 +53,16 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> t
     return weight * hidden_states.to(input_dtype)
 
 
-def compiled_rms_norm():
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(rms_norm, dynamic=True, fullgraph=True, options={"emulate_precision_casts": True})
-    return _compiled
+compiled_rms_norm = like_eager(rms_norm)
 
 
 def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """``Qwen3RMSNorm.forward`` through :func:`compiled_rms_norm`."""
     CALLS["compiled"] += 1
     try:
-        return compiled_rms_norm()(hidden_states, self.weight, self.variance_epsilon)
+        return compiled_rms_norm(hidden_states, self.weight, self.variance_epsilon)
     except torch._dynamo.exc.BackendCompilerFailed as err:
-        raise PatchError(f"patch 'compiled_rmsnorm': torch.compile could not compile RMSNorm for {hidden_states.device} "
-                         f"({type(err.inner_exception).__name__}: {str(err.inner_exception)[:300]}). Fix: give Inductor "
-                         f"what it needs there (a C compiler for CPU code; Triton for CUDA), or run without "
-                         f"compiled_rmsnorm (recipe field rmsnorm: eager)") from err
+        raise compile_failed("compiled_rmsnorm", "rmsnorm", hidden_states.device, err) from err
 
 
 def check_same_expression(norm_class) -> None:

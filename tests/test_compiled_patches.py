@@ -1,0 +1,175 @@
+"""compiled_rmsnorm (Qwen3's RMSNorm) and compiled_pointwise (rotary embedding, SwiGLU product) through torch.compile.
+
+On this CPU (Inductor's C++ kernels): each guard that the compiled function is transformers' own expression (and
+the refusal of one that is not), apply/revert, and a tiny Qwen3 wrapped as verl wraps the actor (FSDP1 NO_SHARD,
+bf16 compute, gradient checkpointing) against eager: compiled_rmsnorm within its stated tolerance (it sums in
+other orders), compiled_pointwise bit for bit (no reductions, eager's roundings kept); and compiled_rmsnorm in fp32
+through verl 0.9.1's own engine and PPO loss (packed, rlkit_varlen, chunked log-probs) to fp32 rounding. On a GPU:
+the same at Qwen3-4B's widths, in bf16, with the differences printed."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3 import modeling_qwen3
+
+from rlkit.patches import PatchError, compiled_pointwise, compiled_rmsnorm
+
+BF16_STEP = 2.0 ** -8  # one bf16 rounding, relative
+GRAD_BOUND = 2.0 ** -6  # of a flat parameter's largest gradient entry (compiled_rmsnorm's docstring says why)
+PATCHES = {"rmsnorm": compiled_rmsnorm, "pointwise": compiled_pointwise}
+
+
+def test_the_compiled_functions_are_transformers_expressions():
+    compiled_rmsnorm.check_same_expression(modeling_qwen3.Qwen3RMSNorm)  # each raises if not bit for bit
+    compiled_pointwise.check_same_expressions(modeling_qwen3)
+
+
+def test_a_transformers_norm_that_computes_otherwise_is_refused(monkeypatch):
+    def weight_in_fp32(self, hidden_states):  # a plausible rewrite: the weight multiplied before the cast back
+        x = hidden_states.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * x).to(hidden_states.dtype)
+
+    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", weight_in_fp32)
+    with pytest.raises(PatchError, match=r"Qwen3RMSNorm.forward no longer computes rlkit's rms_norm .*Fix: "):
+        compiled_rmsnorm.PATCH.apply()
+    assert not compiled_rmsnorm.PATCH.active() and modeling_qwen3.Qwen3RMSNorm.forward is weight_in_fp32
+
+
+def test_a_transformers_rotary_that_computes_otherwise_is_refused(monkeypatch):
+    def rotary_in_fp32(q, k, cos, sin, unsqueeze_dim=1):  # a plausible rewrite: one rounding instead of three
+        q32, k32 = compiled_pointwise.rotary(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
+        return q32.to(q.dtype), k32.to(k.dtype)
+
+    monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", rotary_in_fp32)
+    with pytest.raises(PatchError, match=r"apply_rotary_pos_emb no longer computes rlkit's .*Fix: "):
+        compiled_pointwise.PATCH.apply()
+    assert not compiled_pointwise.PATCH.active() and modeling_qwen3.apply_rotary_pos_emb is rotary_in_fp32
+
+
+@pytest.mark.parametrize("name", list(PATCHES))
+def test_apply_is_idempotent_and_revert_restores_what_it_replaced(name):
+    module = PATCHES[name]
+    before = (modeling_qwen3.Qwen3RMSNorm.forward, modeling_qwen3.apply_rotary_pos_emb, modeling_qwen3.Qwen3MLP.forward)
+    module.PATCH.apply()
+    module.PATCH.apply()
+    after = (modeling_qwen3.Qwen3RMSNorm.forward, modeling_qwen3.apply_rotary_pos_emb, modeling_qwen3.Qwen3MLP.forward)
+    assert [a is not b for a, b in zip(before, after)] == ([True, False, False] if name == "rmsnorm" else
+                                                          [False, True, True])
+    module.PATCH.revert()
+    assert all(a is b for a, b in zip(before, (modeling_qwen3.Qwen3RMSNorm.forward, modeling_qwen3.apply_rotary_pos_emb,
+                                               modeling_qwen3.Qwen3MLP.forward)))
+
+
+def test_an_mlp_of_another_activation_keeps_the_eager_forward():
+    config = modeling_qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, hidden_act="gelu")
+    mlp, x = modeling_qwen3.Qwen3MLP(config), torch.randn(3, 32)
+    expected = mlp(x)
+    compiled_pointwise.CALLS.clear()
+    compiled_pointwise.PATCH.apply()
+    try:
+        assert torch.equal(mlp(x), expected) and compiled_pointwise.CALLS == {"eager_mlp": 1}
+    finally:
+        compiled_pointwise.PATCH.revert()
+
+
+def _update(model: str, device, patch=None, **overrides):
+    """One fwd+bwd of a log-prob loss under ``patch`` (a patch module, or None: eager): the logits (fp32) and every
+    flat parameter's gradient."""
+    from rlkit.experiments.update_phase import build_fsdp_model
+
+    if patch is not None:
+        patch.PATCH.apply()
+    try:
+        module = build_fsdp_model(model, device, seed=0, **overrides)
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(3, module.config.vocab_size, (2, 40), generator=generator).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = module(input_ids=ids).logits.float()
+        logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).mean().backward()
+        return logits.detach(), {n: p.grad.detach().clone() for n, p in module.named_parameters()}
+    finally:
+        if patch is not None:
+            patch.PATCH.revert()
+
+
+def _assert_within_tolerance(eager, compiled):
+    (logits, grads), (logits_c, grads_c) = eager, compiled
+    assert (logits_c - logits).abs().max() <= BF16_STEP * logits.abs().max()
+    for name, grad in grads.items():
+        assert grad.abs().max() > 0, name  # a bound against zero would hold for anything
+        assert (grads_c[name] - grad).abs().max() <= GRAD_BOUND * grad.abs().max(), name
+
+
+def _assert_bit_identical(eager, compiled):
+    (logits, grads), (logits_c, grads_c) = eager, compiled
+    assert torch.equal(logits_c, logits)
+    assert all(torch.equal(grads_c[name], grad) for name, grad in grads.items())
+
+
+def test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager(single_rank_group):
+    cpu = torch.device("cpu")
+    compiled_rmsnorm.CALLS.clear()
+    compiled_pointwise.CALLS.clear()
+    eager = _update("tiny", cpu)
+    assert not compiled_rmsnorm.CALLS and not compiled_pointwise.CALLS
+    norm = _update("tiny", cpu, compiled_rmsnorm)
+    pointwise = _update("tiny", cpu, compiled_pointwise)
+    # 2 layers x 4 norms + the final one, in the forward and again in the checkpoint's recompute (8 + 1 + 8); the
+    # rotary and the MLP once per layer each, twice over
+    assert compiled_rmsnorm.CALLS == {"compiled": 17}
+    assert compiled_pointwise.CALLS == {"rotary": 4, "swiglu": 4}
+    _assert_within_tolerance(eager, norm)
+    _assert_bit_identical(eager, pointwise)
+
+
+@pytest.mark.verl
+def test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order():
+    """fp32 has no casts to emulate: the compiled norm differs from the eager one only in the order it sums a row's
+    squares (and, backward, the gradients), so verl's packed update (rlkit_varlen, chunked log-probs, ppo_loss)
+    agrees to fp32 rounding in loss, log-probs, entropy and every gradient."""
+    from _verl_engine import assert_update_matches, build_fused, engine_update, restored_verl_model_patches
+
+    from rlkit import models
+    from rlkit.patches import chunked_logprobs, varlen_attention
+
+    prompts, responses = [5, 3, 6, 2], [7, 4, 6, 9]
+    model = models.build_random_model("tiny")
+    compiled_rmsnorm.CALLS.clear()
+    try:
+        with restored_verl_model_patches(type(model)):
+            varlen_attention.PATCH.apply()
+            chunked_logprobs.PATCH.apply()
+            model.set_attn_implementation(varlen_attention.NAME)
+            build_fused(model, use_remove_padding=True)
+            ref = engine_update(model, prompts, responses, fused=True, use_remove_padding=True)
+            compiled_rmsnorm.PATCH.apply()
+            out = engine_update(model, prompts, responses, fused=True, use_remove_padding=True)
+    finally:
+        for patch in (compiled_rmsnorm.PATCH, chunked_logprobs.PATCH, varlen_attention.PATCH):
+            patch.revert()
+    assert compiled_rmsnorm.CALLS["compiled"] == 2 * 4 + 1  # 2 layers x 4 norms + the final norm, one forward
+    assert_update_matches(ref, out, model, prompts, responses)
+
+
+def _report(name: str, eager, compiled) -> None:
+    (logits, grads), (logits_c, grads_c) = eager, compiled
+    print(f"{name} on {torch.cuda.get_device_name(0)}: logits max |diff| {(logits_c - logits).abs().max().item():.3g} "
+          f"(max |logit| {logits.abs().max().item():.3g}); gradients max |diff| / max |grad|: "
+          + ", ".join(f"{n}: {(grads_c[n] - g).abs().max().item() / g.abs().max().item():.3g}" for n, g in grads.items()))
+
+
+@pytest.mark.gpu
+def test_qwen3_4b_widths_on_the_gpu(single_rank_group):
+    """At Qwen3-4B's widths (two layers), in bf16: the norm within its tolerance; rotary and SwiGLU compared bit for
+    bit, the differences printed either way (SiLU's exponential is the one kernel that may round otherwise)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda", 0)
+    eager = _update("qwen3-4b", device, num_hidden_layers=2)
+    norm = _update("qwen3-4b", device, compiled_rmsnorm, num_hidden_layers=2)
+    pointwise = _update("qwen3-4b", device, compiled_pointwise, num_hidden_layers=2)
+    _report("compiled_rmsnorm", eager, norm)
+    _report("compiled_pointwise", eager, pointwise)
+    _assert_within_tolerance(eager, norm)
+    _assert_bit_identical(eager, pointwise)
