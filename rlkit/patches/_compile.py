@@ -9,6 +9,9 @@ import torch
 
 from rlkit.patches import PatchError
 
+QWEN3_MODULE = "transformers.models.qwen3.modeling_qwen3"  # what both patch
+REQUIRES = {"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"}  # the versions their guards were checked on
+
 
 def like_eager(fn: Callable) -> Callable:
     """``fn`` through torch.compile, built at its first call: Inductor, dynamic shapes (token counts change every

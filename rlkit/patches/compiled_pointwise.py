@@ -29,9 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.patches import Patch, PatchError, import_target, replace_attrs
-from rlkit.patches._compile import compile_failed, like_eager
+from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, compile_failed, like_eager
 
-TRANSFORMERS_MODULE = "transformers.models.qwen3.modeling_qwen3"
 # Calls of the patched functions, for tests and measurements: what actually ran ("rotary", "swiglu", "eager_mlp").
 CALLS: collections.Counter = collections.Counter()
 
@@ -108,7 +107,7 @@ def check_same_expressions(qwen3) -> None:
 
 
 def _apply():
-    qwen3 = import_target("compiled_pointwise", TRANSFORMERS_MODULE, fix="install rlkit's own dependencies (transformers)")
+    qwen3 = import_target("compiled_pointwise", QWEN3_MODULE, fix="install rlkit's own dependencies (transformers)")
     check_same_expressions(qwen3)
     apply_rotary_pos_emb.__rlkit_patch__ = "compiled_pointwise"
     return replace_attrs((qwen3, "apply_rotary_pos_emb", apply_rotary_pos_emb),
@@ -119,9 +118,9 @@ PATCH = Patch(
     name="compiled_pointwise",
     summary="transformers Qwen3 rotary embedding and SwiGLU product: the same expressions compiled by torch.compile "
             "with eager's bf16 roundings kept (fused kernels)",
-    requires={"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"},
+    requires=REQUIRES,
     apply_fn=_apply,
-    targets=(TRANSFORMERS_MODULE,),
+    targets=(QWEN3_MODULE,),
 )
 
 apply = PATCH.apply

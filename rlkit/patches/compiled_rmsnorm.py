@@ -37,9 +37,8 @@ import collections
 import torch
 
 from rlkit.patches import Patch, PatchError, import_target, replace_attr
-from rlkit.patches._compile import compile_failed, like_eager
+from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, compile_failed, like_eager
 
-TRANSFORMERS_MODULE = "transformers.models.qwen3.modeling_qwen3"
 # Calls of the patched forward, for tests and measurements: what actually ran.
 CALLS: collections.Counter = collections.Counter()
 
@@ -86,7 +85,7 @@ def check_same_expression(norm_class) -> None:
 
 
 def _apply():
-    qwen3 = import_target("compiled_rmsnorm", TRANSFORMERS_MODULE, fix="install rlkit's own dependencies (transformers)")
+    qwen3 = import_target("compiled_rmsnorm", QWEN3_MODULE, fix="install rlkit's own dependencies (transformers)")
     check_same_expression(qwen3.Qwen3RMSNorm)
     forward.__rlkit_patch__ = "compiled_rmsnorm"
     return replace_attr(qwen3.Qwen3RMSNorm, "forward", forward)
@@ -96,9 +95,9 @@ PATCH = Patch(
     name="compiled_rmsnorm",
     summary="transformers Qwen3RMSNorm.forward: the same expression compiled by torch.compile (fused kernels; "
             "summation order differs, within a stated tolerance)",
-    requires={"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"},
+    requires=REQUIRES,
     apply_fn=_apply,
-    targets=(TRANSFORMERS_MODULE,),
+    targets=(QWEN3_MODULE,),
 )
 
 apply = PATCH.apply
