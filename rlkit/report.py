@@ -344,7 +344,7 @@ def _variant_lines(loaded: dict[str, dict]) -> list[str]:
     copies) against the run it varies: update tokens/s and step time, each side's own measurement."""
     out = []
     for name, m in loaded.items():
-        base = next((b for b in loaded if name.startswith(b + "-") and b != name), None)
+        base = max((b for b in loaded if name.startswith(b + "-")), key=len, default=None)  # the nearest run it varies
         if base is None:
             continue
         ours, theirs = update_tokens_per_s(m), update_tokens_per_s(loaded[base])

@@ -21,8 +21,8 @@ in another), so the variance can differ in its last fp32 bits and an output elem
 input dtype; the backward's reductions (through the mean, and the weight's gradient over the tokens) sum in other
 orders too. So the patch is not bit-exact, and its tests state a tolerance: outputs within one bf16 step
 (2^-8 relative) per element, every flat parameter's gradient within 2^-6 of its largest entry (bf16 compute rounds
-each op to 2^-8; a sum in another order moves by a few such roundings). On this CPU (Inductor's C++ kernels) a
-tiny Qwen3's logits came out bit-identical and its gradients 1-2 bf16 steps apart. Measured on the GPU: not yet.
+each op to 2^-8; a sum in another order moves by a few such roundings); in fp32, where no cast is emulated, to
+fp32 rounding (tests/test_compiled_patches.py, on this CPU's Inductor C++ kernels). Measured on the GPU: not yet.
 
 Guard: at apply, :func:`rms_norm` (not compiled) must equal transformers' own forward bit for bit on a probe in
 bf16 and fp32; a transformers whose RMSNorm computes something else is refused instead of being replaced by the
