@@ -13,7 +13,7 @@ compiled by :func:`rlkit.patches._compile.like_eager` (one fused kernel each way
 
 Numerics: no reductions, and ``emulate_precision_casts`` keeps every rounding to bf16 that eager does between the
 fused ops, so the same elementwise arithmetic runs in the same order. On this CPU (Inductor's C++ kernels) the
-outputs and gradients are bit-identical to eager's (tests/test_compiled_pointwise.py). On a GPU the one open
+outputs and gradients are bit-identical to eager's (tests/test_compiled_patches.py). On a GPU the one open
 question is SiLU's exponential (Triton's libdevice against ATen's CUDA ``expf``): the GPU test compares bit for
 bit and reports the difference if there is one. Measured on the GPU: not yet.
 
