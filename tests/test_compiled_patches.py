@@ -61,6 +61,22 @@ def test_apply_is_idempotent_and_revert_restores_what_it_replaced(name):
                                                modeling_qwen3.Qwen3MLP.forward)))
 
 
+def test_a_compile_that_fails_names_the_patch_and_the_field_that_runs_without_it(monkeypatch):
+    """Inductor without what it needs (here: a backend that raises as Inductor does without a C compiler)."""
+    from rlkit.patches._compile import like_eager
+
+    def failing_compile(fn, **options):
+        def call(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(failing_compile, RuntimeError("no C compiler"), None)
+        return call
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    square = like_eager(lambda x: x * x, patch="compiled_pointwise", field="pointwise")
+    with pytest.raises(PatchError, match=r"patch 'compiled_pointwise': torch.compile could not compile for cpu "
+                                         r"\(RuntimeError: no C compiler\)\. Fix: .*recipe field pointwise: eager"):
+        square(torch.ones(2))
+
+
 def test_an_mlp_of_another_activation_keeps_the_eager_forward():
     config = modeling_qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, hidden_act="gelu")
     mlp, x = modeling_qwen3.Qwen3MLP(config), torch.randn(3, 32)

@@ -28,8 +28,8 @@ import collections
 import torch
 import torch.nn.functional as F
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attrs
-from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, compile_failed, like_eager
+from rlkit.patches import Patch, import_target, replace_attrs
+from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, expression_changed, like_eager
 
 # Calls of the patched functions, for tests and measurements: what actually ran ("rotary", "swiglu", "eager_mlp").
 CALLS: collections.Counter = collections.Counter()
@@ -53,16 +53,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-compiled_rotary, compiled_swiglu = like_eager(rotary), like_eager(swiglu)
+compiled_rotary = like_eager(rotary, patch="compiled_pointwise", field="pointwise")
+compiled_swiglu = like_eager(swiglu, patch="compiled_pointwise", field="pointwise")
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' ``apply_rotary_pos_emb`` through :func:`compiled_rotary`."""
     CALLS["rotary"] += 1
-    try:
-        return compiled_rotary(q, k, cos, sin, unsqueeze_dim)
-    except torch._dynamo.exc.BackendCompilerFailed as err:
-        raise compile_failed("compiled_pointwise", "pointwise", q.device, err) from err
+    return compiled_rotary(q, k, cos, sin, unsqueeze_dim)
 
 
 def _is_silu(act_fn) -> bool:
@@ -76,10 +74,7 @@ def make_mlp_forward(original):
             CALLS["eager_mlp"] += 1
             return original(self, x)
         CALLS["swiglu"] += 1
-        try:
-            return self.down_proj(compiled_swiglu(self.gate_proj(x), self.up_proj(x)))
-        except torch._dynamo.exc.BackendCompilerFailed as err:
-            raise compile_failed("compiled_pointwise", "pointwise", x.device, err) from err
+        return self.down_proj(compiled_swiglu(self.gate_proj(x), self.up_proj(x)))
 
     forward.__rlkit_patch__ = "compiled_pointwise"
     return forward
@@ -87,8 +82,6 @@ def make_mlp_forward(original):
 
 def check_same_expressions(qwen3) -> None:
     """Refuse a transformers whose rotary embedding or Qwen3 MLP no longer computes what is compiled here."""
-    import transformers
-
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(2, heads, 7, 16, generator=generator).bfloat16() for heads in (4, 2))
     angles = torch.randn(2, 7, 16, generator=generator)
@@ -97,13 +90,11 @@ def check_same_expressions(qwen3) -> None:
     mlp = qwen3.Qwen3MLP(config).bfloat16()
     x = torch.randn(3, 32, generator=generator).bfloat16()
     with torch.no_grad():
-        checks = {"apply_rotary_pos_emb": (qwen3.apply_rotary_pos_emb(q, k, cos, sin), rotary(q, k, cos, sin)),
-                  "Qwen3MLP.forward": ((mlp(x),), (mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x))),))}
-    for name, (theirs, ours) in checks.items():
+        checks = {("apply_rotary_pos_emb", "rotary"): (qwen3.apply_rotary_pos_emb(q, k, cos, sin), rotary(q, k, cos, sin)),
+                  ("Qwen3MLP.forward", "swiglu"): ((mlp(x),), (mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x))),))}
+    for (name, ours_name), (theirs, ours) in checks.items():
         if not all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(theirs, ours)):
-            raise PatchError(f"patch 'compiled_pointwise': transformers {transformers.__version__}'s {name} no longer "
-                             f"computes rlkit's (bf16 probe differs). Fix: re-check rlkit.patches.compiled_pointwise "
-                             f"against it, or run without compiled_pointwise (recipe field pointwise: eager)")
+            raise expression_changed("compiled_pointwise", "pointwise", name, ours_name, "bf16")
 
 
 def _apply():

@@ -36,8 +36,8 @@ import collections
 
 import torch
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attr
-from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, compile_failed, like_eager
+from rlkit.patches import Patch, import_target, replace_attr
+from rlkit.patches._compile import QWEN3_MODULE, REQUIRES, expression_changed, like_eager
 
 # Calls of the patched forward, for tests and measurements: what actually ran.
 CALLS: collections.Counter = collections.Counter()
@@ -52,22 +52,17 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> t
     return weight * hidden_states.to(input_dtype)
 
 
-compiled_rms_norm = like_eager(rms_norm)
+compiled_rms_norm = like_eager(rms_norm, patch="compiled_rmsnorm", field="rmsnorm")
 
 
 def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """``Qwen3RMSNorm.forward`` through :func:`compiled_rms_norm`."""
     CALLS["compiled"] += 1
-    try:
-        return compiled_rms_norm(hidden_states, self.weight, self.variance_epsilon)
-    except torch._dynamo.exc.BackendCompilerFailed as err:
-        raise compile_failed("compiled_rmsnorm", "rmsnorm", hidden_states.device, err) from err
+    return compiled_rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
 def check_same_expression(norm_class) -> None:
     """Refuse a transformers whose RMSNorm forward is not :func:`rms_norm` (bit for bit on a probe)."""
-    import transformers
-
     generator = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
         norm = norm_class(48, eps=1e-6)
@@ -78,10 +73,8 @@ def check_same_expression(norm_class) -> None:
         with torch.no_grad():
             theirs, ours = norm(x), rms_norm(x, norm.weight, norm.variance_epsilon)
         if theirs.dtype != ours.dtype or not torch.equal(theirs, ours):
-            raise PatchError(f"patch 'compiled_rmsnorm': transformers {transformers.__version__}'s "
-                             f"{norm_class.__qualname__}.forward no longer computes rlkit's rms_norm ({dtype} probe "
-                             f"differs). Fix: re-check rlkit.patches.compiled_rmsnorm.rms_norm against it, or run "
-                             f"without compiled_rmsnorm (recipe field rmsnorm: eager)")
+            raise expression_changed("compiled_rmsnorm", "rmsnorm", f"{norm_class.__qualname__}.forward", "rms_norm",
+                                     str(dtype))
 
 
 def _apply():
