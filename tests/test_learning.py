@@ -214,11 +214,36 @@ def test_an_arm_outside_the_repeats_noise_fails():
     assert lower["noise"]["curve_distance"] == 0.0 and lower["compare"]["threshold"] == 0.02  # identical repeats: floor
 
 
+def test_one_step_outside_the_band_fails_though_the_mean_distance_is_within():
+    jump = [v + (0.3 if i == 20 else 0.0) for i, v in enumerate(RISING)]
+    a = L.analyze(_runs(RISING, jump, [v + 0.01 for v in RISING]), **CRITERIA)
+    assert a["compare"]["within_noise"] and a["compare"]["mean_distance"] < a["compare"]["threshold"]
+    steps = a["compare"]["per_step"]
+    assert steps["steps"] == 40 and steps["within_band"] == 39 and steps["in_range"] == 39  # it equals r1 elsewhere
+    assert steps["worst"]["step"] == 21 and steps["worst"]["difference"] == pytest.approx(0.295)
+    assert a["compare"]["every_step_within_band"] is False and not a["verdict"]["passed"]
+    assert "at every step: False" in L.describe(_metrics(a, _runs(RISING, jump, RISING)))
+
+
+def test_per_step_band_counts_the_range_and_the_band_at_each_step():
+    r1, r2 = [[1, 0.1], [2, 0.2], [3, 0.3]], [[1, 0.12], [2, 0.2], [3, 0.3]]
+    band = L.per_step_band([[1, 0.13], [2, 0.2], [3, 0.5]], [r1, r2], noise_factor=2.0, noise_floor=0.02)
+    assert band["steps"] == 3 and band["in_range"] == 1 and band["within_band"] == 2  # step 1: outside the range, in
+    assert band["worst"] == {"step": 3, "difference": pytest.approx(0.2), "band": 0.02, "in_range": False,
+                             "within_band": False}
+    assert L.per_step_band(r1, [r1], noise_factor=2.0, noise_floor=0.02) is None  # one repeat: no spread
+
+
+def test_entropy_collapse_is_the_first_step_at_one_percent_of_the_first():
+    assert L.entropy_collapse([[1, 8.0], [2, 1.0], [3, 0.08], [4, 0.01]]) == 3
+    assert L.entropy_collapse([[1, 8.0], [2, 7.0]]) is None and L.entropy_collapse([]) is None
+
+
 def test_runs_without_steps_give_no_verdict():
     a = L.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
     assert a["per_run"] == {} and a["compare"] is None
     assert a["verdict"] == {"runs_analyzed": 0, "baseline_runs": 0, "compare_runs": 0, "all_learned": None,
-                            "compare_within_noise": None, "passed": False}
+                            "compare_within_noise": None, "compare_every_step_within_band": None, "passed": False}
     short = L.analyze(_runs(RISING[:6], RISING[:6], RISING[:6]), **CRITERIA)  # fewer than 2 x window steps
     assert all(r["learned"] is None for r in short["per_run"].values()) and not short["verdict"]["passed"]
 

@@ -45,6 +45,9 @@ NOTEBOOK = "07_does_it_learn"
 HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
               "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
 # verl's per-step metric behind each curve (verl 0.9.1 metric names)
+# a run's entropy at or below this share of its first step's: the policy samples nearly one response per prompt, so
+# the group's advantages, and with them the updates, vanish (the curves after it say little about the patches)
+ENTROPY_COLLAPSE = 0.01
 CURVES = {"reward": "critic/score/mean", "grad_norm": "actor/grad_norm", "pg_loss": "actor/pg_loss",
           "entropy": "actor/entropy", "response_length": "response_length/mean"}
 
@@ -231,24 +234,65 @@ def curve_distance(a: list[list[float]], b: list[list[float]]) -> float | None:
     return sum(abs(left[s] - right[s]) for s in common) / len(common) if common else None
 
 
+def per_step_band(compared: list[list[float]], baselines: list[list[list[float]]], *, noise_factor: float,
+                  noise_floor: float) -> dict[str, Any] | None:
+    """The compared curve step by step against the baseline runs' spread at that step.
+
+    At each step all curves share: whether the compared value lies in the baseline runs' range, and whether its
+    distance to their mean is within the band ``max(noise_factor x range, noise_floor)``. The range alone is no test
+    with two repeats: a third run of the same arm falls between two others only a third of the time. Returns the
+    counts and the step where the distance is the largest share of its band (None without two baseline runs).
+    """
+    if len(baselines) < 2:
+        return None
+    tables = [dict((s, v) for s, v in curve) for curve in [compared, *baselines]]
+    common = sorted(set.intersection(*(set(t) for t in tables)))
+    if not common:
+        return None
+    rows = []
+    for s in common:
+        c, base = tables[0][s], [t[s] for t in tables[1:]]
+        lo, hi, mean = min(base), max(base), sum(base) / len(base)
+        band = max(noise_factor * (hi - lo), noise_floor)
+        rows.append({"step": s, "difference": c - mean, "band": band, "in_range": lo <= c <= hi,
+                     "within_band": abs(c - mean) <= band})
+    worst = max(rows, key=lambda r: abs(r["difference"]) / r["band"])
+    return {"steps": len(rows), "in_range": sum(r["in_range"] for r in rows),
+            "within_band": sum(r["within_band"] for r in rows), "worst": worst}
+
+
+def entropy_collapse(curve: list[list[float]], share: float = ENTROPY_COLLAPSE) -> int | None:
+    """The first step whose entropy is at most ``share`` of the first step's (None if it never falls that far)."""
+    if not curve:
+        return None
+    first = curve[0][1]
+    return next((s for s, v in curve if v <= share * first), None)
+
+
 def analyze(runs: dict[str, dict[str, Any]], *, baseline_arm: str, compare_arm: str, window: int, min_gain: float,
             noise_factor: float, noise_floor: float) -> dict[str, Any]:
     """The result from the runs' reward curves. ``runs``: ``{name: {"arm": arm, "steps": verl step records}}``.
 
-    Returns, per run, the first- and last-window mean reward, their difference and whether it learned; the noise
-    (the largest distance between two baseline runs, and the spread of their last-window means); the compared
-    arm's mean distance to the baseline runs, the threshold and whether it is within; and the verdict. Runs that
+    Returns, per run, the first- and last-window mean reward, their difference, whether it learned, and its entropy
+    (first, last, the step it collapsed at); the noise (the largest distance between two baseline runs, and the
+    spread of their last-window means); the compared arm's mean distance to the baseline runs, the threshold and
+    whether it is within, and the same step by step (:func:`per_step_band`); and the verdict. Runs that
     trained no step are left out, and a check that lacks its runs is None (never passed).
     """
-    reward = {name: curves(r["steps"])["reward"] for name, r in runs.items()}
+    all_curves = {name: curves(r["steps"]) for name, r in runs.items()}
+    reward = {name: c["reward"] for name, c in all_curves.items()}
     per_run = {}
     for name, r in runs.items():
         if not reward[name]:
             continue
         first, last = window_means(reward[name], window)
         gain = None if first is None else last - first
+        entropy = all_curves[name]["entropy"]
         per_run[name] = {"arm": r["arm"], "steps_trained": len(reward[name]), "reward_first": first,
-                         "reward_last": last, "gain": gain, "learned": None if gain is None else gain >= min_gain}
+                         "reward_last": last, "gain": gain, "learned": None if gain is None else gain >= min_gain,
+                         "entropy_first": entropy[0][1] if entropy else None,
+                         "entropy_last": entropy[-1][1] if entropy else None,
+                         "entropy_collapsed_at": entropy_collapse(entropy)}
     base = [n for n in per_run if runs[n]["arm"] == baseline_arm]
     comp = [n for n in per_run if runs[n]["arm"] == compare_arm]
     pairs = [[a, b, curve_distance(reward[a], reward[b])] for a, b in itertools.combinations(base, 2)]
@@ -264,14 +308,20 @@ def analyze(runs: dict[str, dict[str, Any]], *, baseline_arm: str, compare_arm: 
         mean_d = sum(known) / len(known) if known else None
         base_last = sum(lasts) / len(lasts) if lasts else None
         comp_last = per_run[comp[0]]["reward_last"]
+        steps = per_step_band(reward[comp[0]], [reward[b] for b in base], noise_factor=noise_factor,
+                              noise_floor=noise_floor)
         compare = {"run": comp[0], "distance_to_baseline": dist, "mean_distance": mean_d, "threshold": threshold,
                    "within_noise": None if mean_d is None else mean_d <= threshold,
-                   "last_window_difference": None if comp_last is None or base_last is None else comp_last - base_last}
+                   "last_window_difference": None if comp_last is None or base_last is None else comp_last - base_last,
+                   "per_step": steps,
+                   "every_step_within_band": None if steps is None else steps["within_band"] == steps["steps"]}
     learned = [per_run[n]["learned"] for n in per_run]
     verdict = {"runs_analyzed": len(per_run), "baseline_runs": len(base), "compare_runs": len(comp),
                "all_learned": all(v is True for v in learned) if learned else None,
-               "compare_within_noise": compare["within_noise"] if compare else None}
-    verdict["passed"] = verdict["all_learned"] is True and verdict["compare_within_noise"] is True
+               "compare_within_noise": compare["within_noise"] if compare else None,
+               "compare_every_step_within_band": compare["every_step_within_band"] if compare else None}
+    verdict["passed"] = (verdict["all_learned"] is True and verdict["compare_within_noise"] is True
+                         and verdict["compare_every_step_within_band"] is True)
     return {"criteria": {"window": window, "min_gain": min_gain, "noise_factor": noise_factor,
                          "noise_floor": noise_floor, "baseline_arm": baseline_arm, "compare_arm": compare_arm},
             "per_run": per_run, "noise": noise, "compare": compare, "verdict": verdict}
@@ -488,11 +538,27 @@ def describe(metrics: dict[str, Any]) -> str:
                      f" x noise, floor {a['criteria']['noise_floor']:g})): "
                      f"{'within' if comp['within_noise'] else 'OUTSIDE'} the noise; last-window reward "
                      f"{_f(comp['last_window_difference'], '+.4f')} against the baseline mean.")
+        steps = comp["per_step"]
+        if steps:
+            worst = steps["worst"]
+            lines.append(f"Step by step: {comp['run']} lies within the baseline runs' range at {steps['in_range']} of "
+                         f"{steps['steps']} steps (with two repeats, a third run of the same arm falls in that range only "
+                         f"a third of the time) and within max({a['criteria']['noise_factor']:g} x their range, floor "
+                         f"{a['criteria']['noise_floor']:g}) of their mean at {steps['within_band']} of {steps['steps']};"
+                         f" the closest call is step {worst['step']} ({worst['difference']:+.4f} against a band of "
+                         f"{worst['band']:.4f}).")
+    collapsed = {n: r["entropy_collapsed_at"] for n, r in a["per_run"].items() if r["entropy_collapsed_at"]}
+    if collapsed:
+        lines.append(f"Entropy collapse (at most {ENTROPY_COLLAPSE:.0%} of step 1's): "
+                     + ", ".join(f"{n} from step {s}" for n, s in collapsed.items())
+                     + ". After it each prompt's samples are nearly identical, the group advantages and the updates "
+                       "vanish, and the curves' agreement says little: the steps before it carry the comparison.")
     v = a["verdict"]
     lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
-                               "baseline's: the patches do not change what GRPO learns here." if v["passed"] else
+                               "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
+                               "here." if v["passed"] else
                                f"not shown (every run learns: {v['all_learned']}; compared arm within the noise: "
-                               f"{v['compare_within_noise']})."))
+                               f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']})."))
     return "\n".join(lines)
 
 
