@@ -108,6 +108,10 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None, *, how_to_
     overrides = render_overrides(recipe, paths, out)
     preflight = verl_job.preflight_findings(recipe, overrides)
     launched, reason = verl_job.launch_decision(recipe.launch, recipe.n_gpus, how_to_run)
+    shortfall = verl_job.host_memory_shortfall(preflight)
+    if launched and shortfall and recipe.host_memory_guard:
+        raise P.ParamError(f"GRPORecipe.host_memory_guard: pre-flight refuses the launch: {shortfall['message']}. "
+                           f"Fix: {shortfall['fix']}; or set host_memory_guard: false to launch anyway")
     if launched and not recipe.verify_before_launch:
         verify = {"skipped": "verify_before_launch is false: verl validates the same overrides at start-up and "
                              "every verl process's plugin record is checked after the run"}

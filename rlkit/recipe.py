@@ -103,6 +103,7 @@ class GRPORecipe:
     launch: Literal["auto", "always", "never"] = "auto"  # auto: launch verl when n_gpus CUDA GPUs exist
     expect_failure: bool = False       # the stock arm: a memory failure of verl is the recorded result
     verify_before_launch: bool = True  # false: skip the separate verl config check (~25 s) when launching
+    host_memory_guard: bool = True     # refuse to launch when pre-flight finds HostAdamW's host state exceeds this host's
     timeout_s: int = 3600
 
     def __post_init__(self) -> None:

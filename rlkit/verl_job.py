@@ -241,6 +241,13 @@ def preflight_findings(recipe, overrides: list[str]) -> dict[str, Any]:
             "errors": sum(f.get("severity") == "error" for f in findings)}
 
 
+def host_memory_shortfall(preflight: dict[str, Any]) -> dict[str, Any] | None:
+    """The pre-flight's error finding of check ``host_memory`` (HostAdamW's host state larger than this machine's
+    available memory), or None. Launched anyway, such a run ends minutes in: a Ray worker SIGKILLed mid-update."""
+    return next((f for f in preflight.get("findings", [])
+                 if f.get("check") == "host_memory" and f.get("severity") == "error"), None)
+
+
 def format_findings(findings: list[dict[str, Any]]) -> str:
     """Findings as text lines: SEVERITY key: message / fix."""
     if not findings:

@@ -25,6 +25,7 @@ from conftest import committed_run
 
 from rlkit import budget, data, model_shape, preflight, verl_job, verl_logs
 from rlkit.env import REPO_ROOT
+from rlkit.params import ParamError
 from rlkit.results import ResultsFolder
 
 GIB = 2**30
@@ -431,6 +432,34 @@ def test_a_launch_whose_staging_does_not_fit_the_host_fails_naming_the_buffer_an
     assert "Fix: run `rlkit preflight --host-gib auto` on the node" in message
     _assert_failed_folder(root, "host-too-small", "HostAdamW staging buffer 'grad'")
     assert _processes_with(env["RLKIT_FAULT_TEST"]) == []
+
+
+def test_a_run_whose_host_cannot_hold_hostadamw_is_refused_before_the_launch(tmp_path, monkeypatch):
+    """grpo.run on a host pre-flight finds too small (this machine's MemAvailable made tiny): the launch is refused
+    with an error naming host_memory_guard, the finding and its fix, and verl never starts; with the guard off the
+    same run goes on to the launch."""
+    from rlkit import grpo
+
+    class Launched(Exception):
+        pass
+
+    def launch_verl(*args, **kwargs):
+        raise Launched
+
+    monkeypatch.setattr(preflight, "available_host_gib", lambda *args: 1e-6)
+    monkeypatch.setattr(grpo, "launch_verl", launch_verl)
+    fields = {"model": "tiny", "optimizer": "HostAdamW", "optimizer_offload": False, "n_gpus": 1, "train_batch_size": 2,
+              "ppo_mini_batch_size": 2, "rollout_n": 2, "max_response_length": 16, "data_rows": 8, "launch": "always",
+              "verify_before_launch": False}
+    with pytest.raises(ParamError) as caught:
+        grpo.run(_recipe(**fields), tmp_path / "refused")
+    message = str(caught.value)
+    assert message.startswith("GRPORecipe.host_memory_guard: pre-flight refuses the launch: HostAdamW holds")
+    assert "but the node has 0.00 GiB available" in message and "Fix: " in message and "a node with more free" in message
+    assert "set host_memory_guard: false" in message
+    assert not list((tmp_path / "refused").glob("metrics.json"))
+    with pytest.raises(Launched):
+        grpo.run(_recipe(**fields, host_memory_guard=False), tmp_path / "unguarded")
 
 
 def test_an_allocation_torch_refuses_is_reraised_with_the_fix():
