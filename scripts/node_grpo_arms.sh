@@ -30,7 +30,7 @@ idle_gpus() {
 }
 for arm in "$@"; do
   if [ "$arm" = gpu-tests ]; then
-    run_in_session gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_adamw.py \
+    run_in_session gpu-tests python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_host_adamw.py \
         tests/test_metric_entropy.py tests/test_varlen_attention.py tests/test_chunked_logprobs.py \
         tests/test_compiled_patches.py
   else

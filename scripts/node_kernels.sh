@@ -11,7 +11,7 @@ mkdir -p "$root"
 cd "$(dirname "$0")/.." || exit 1
 source scripts/node_lib.sh
 log "gpu tests start"
-python3 -m pytest -m gpu tests/test_chunked_logprobs.py tests/test_varlen_attention.py -q -rA -p no:cacheprovider \
+python3 -m pytest -m gpu tests/test_chunked_logprobs.py tests/test_varlen_attention.py -v -rA -p no:cacheprovider \
     > "$root/gpu_tests.log" 2>&1
 tests=$?
 log "gpu tests exit $tests"

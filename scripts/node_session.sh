@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.." || exit 1
 set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed)
   case $job in
-    resume-test) cmd=(python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
+    resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
     profile-overlap) cmd=(scripts/node_update_profile.sh "$dir" -p overlap_copies=true --tag h200-overlap) ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled

@@ -18,7 +18,7 @@ mkdir -p "$root"
 cd "$(dirname "$0")/.." || exit 1
 source scripts/node_lib.sh
 log "gpu tests start"
-python3 -m pytest tests/test_trace_summary.py tests/test_update_profile.py::test_tiny_model_on_the_gpu -q -rA \
+python3 -m pytest tests/test_trace_summary.py tests/test_update_profile.py::test_tiny_model_on_the_gpu -v -rA \
     tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu \
     tests/test_compiled_patches.py \
     -p no:cacheprovider > "$root/gpu_tests.log" 2>&1
