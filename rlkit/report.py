@@ -492,6 +492,36 @@ def _target_budget(s: dict, f: dict, wall: float, at_target: float, idle: dict) 
     return lines
 
 
+def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Notebook 07's GPU runs (``outputs/07_does_it_learn/h200/metrics.json``): does GRPO still learn with the
+    patches, against the run-to-run noise of the baseline arm."""
+    m = _load("07_does_it_learn", root=root)
+    if not m or not m.get("analysis", {}).get("per_run"):
+        return ["*07_does_it_learn: no committed GPU runs yet.*"]
+    cfg, a = m["config"], m["analysis"]
+    window = a["criteria"]["window"]
+    runs_dir = root / "07_does_it_learn" / Path(cfg["runs_dir"]).name
+    header = (f"| run | commit | steps | reward, first {window} steps | reward, last {window} | learns | "
+              "entropy collapsed at step |")
+    lines = [f"**Does it still learn** (synthetic task and random-init model: `{cfg['reward']}` on "
+             f"{m['data']['rows']} synthetic rows, {cfg['model']}; {cfg['train_batch_size']} prompts x "
+             f"{cfg['rollout_n']}, lr {cfg['lr']:g}, one H200, the runs side by side; {_src('07_does_it_learn')}):",
+             "", header, "|" + "---|" * (header.count("|") - 1)]
+    for name, r in a["per_run"].items():
+        lines.append(f"| {name} | {_run_commit(runs_dir / name)} | {r['steps_trained']} | {fmt(r['reward_first'], '.3f')} | "
+                     f"{fmt(r['reward_last'], '.3f')} | {r['learned']} | {fmt(r['entropy_collapsed_at'], 'd')} |")
+    comp, v = a["compare"], a["verdict"]
+    if comp:
+        steps = comp["per_step"] or {}
+        lines += ["", f"Noise (the two {a['criteria']['baseline_arm']} runs): {fmt(a['noise']['curve_distance'], '.4f')} "
+                      f"mean |reward difference| per step. {comp['run']}: {fmt(comp['mean_distance'], '.4f')} from them "
+                      f"(threshold {comp['threshold']:.4f}); within max({a['criteria']['noise_factor']:g} x their "
+                      f"range, {a['criteria']['noise_floor']:g}) of their mean at {steps.get('within_band', '-')} of "
+                      f"{steps.get('steps', '-')} steps, inside their range at {steps.get('in_range', '-')}. "
+                      f"Verdict: {'passed' if v['passed'] else 'not passed'}."]
+    return lines
+
+
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
 
@@ -507,8 +537,9 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
 BLOCKS = {"arc": arc_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
-          "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "profile", "determinism"),
+          "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
+          "learning": learning_section}
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "profile", "determinism", "learning"),
         "docs/lab-notes.md": ("reruns",)}
 
 

@@ -43,6 +43,30 @@ def test_missing_results_are_said_not_invented(tmp_path):
     assert "no committed GPU results yet" in report.block("arc", root)
     assert "no committed re-runs yet" in report.block("reruns", root)
     assert "no committed runs of the seed's workload yet" in report.block("seed", root)
+    assert "07_does_it_learn: no committed GPU runs yet" in report.block("learning", root)
+
+
+def test_learning_block_reads_each_run_and_the_verdict_from_notebook_07s_metrics(tmp_path):
+    """Each run's row (its commit from its own run folder) and the verdict, from the committed metrics; a
+    metrics.json whose compared arm falls outside the band at a step says 'not passed'."""
+    import json
+
+    root = _git_repo(tmp_path)
+    source = OUTPUTS_DIR / "07_does_it_learn"
+    for name in ("h200", "h200-runs"):
+        shutil.copytree(source / name, root / "07_does_it_learn" / name)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    metrics = json.loads((source / "h200" / "metrics.json").read_text())
+    text = "\n".join(report.learning_section(root))
+    for name, r in metrics["analysis"]["per_run"].items():
+        commit = json.loads((source / "h200-runs" / name / "env.json").read_text())["git_sha"]
+        assert f"| {name} | {commit} | {r['steps_trained']} | {r['reward_first']:.3f} | {r['reward_last']:.3f} |" in text
+    steps = metrics["analysis"]["compare"]["per_step"]
+    assert f"at {steps['within_band']} of {steps['steps']} steps, inside their range at {steps['in_range']}" in text
+    assert text.endswith("Verdict: passed." if metrics["analysis"]["verdict"]["passed"] else "Verdict: not passed.")
+    metrics["analysis"]["verdict"]["passed"] = False
+    (root / "07_does_it_learn" / "h200" / "metrics.json").write_text(json.dumps(metrics))
+    assert report.learning_section(root)[-1].endswith("Verdict: not passed.")
 
 
 def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):
