@@ -239,6 +239,19 @@ def test_entropy_collapse_is_the_first_step_at_one_percent_of_the_first():
     assert L.entropy_collapse([[1, 8.0], [2, 7.0]]) is None and L.entropy_collapse([]) is None
 
 
+def test_the_analysis_before_the_collapse_reads_only_the_steps_before_it():
+    runs = _runs(RISING, RISING, RISING)
+    for i, step in enumerate(runs[f"{BASE}.r2"]["steps"]):
+        step["actor/entropy"] = 8.0 if i < 14 else 0.05  # step 15: below 1% of step 1's
+    a = L.analyze(runs, **CRITERIA)
+    assert a["per_run"][f"{BASE}.r2"]["entropy_collapsed_at"] == 15 and a["per_run"][f"{BASE}.r1"]["entropy_collapsed_at"] is None
+    before = L.analyze_before_collapse(runs, a)
+    assert before["last_step"] == 14 and before["criteria"] == a["criteria"]
+    assert {r["steps_trained"] for r in before["per_run"].values()} == {14}
+    assert before["per_run"][f"{BASE}.r1"]["reward_last"] == pytest.approx(sum(RISING[9:14]) / 5)
+    assert L.analyze_before_collapse(_runs(RISING, RISING, RISING), L.analyze(_runs(RISING, RISING, RISING), **CRITERIA)) is None
+
+
 def test_runs_without_steps_give_no_verdict():
     a = L.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
     assert a["per_run"] == {} and a["compare"] is None
@@ -403,7 +416,9 @@ def test_describe_and_figures_read_only_metrics():
     text = L.describe(metrics)
     assert "learns" in text and "within the noise" in text and "30,681,728 parameters" in text
     assert "No run was launched: no GPU" in L.describe({**metrics, "launched": False})
-    assert len(L.curve_figure(metrics).data) == 3 and len(L.curves_grid(metrics).data) == 12
+    from rlkit.viz import learning as V
+
+    assert len(V.curve_figure(metrics).data) == 3 and len(V.curves_grid(metrics).data) == 12
 
 
 def test_cli_refuses_bad_parameters(capsys):

@@ -313,3 +313,46 @@ def test_selectors_redraw(notebook, key, figure, label):
     assert len(names) == len(metrics[key]) > 1
     assert changed(explorer, "picked", names[:1]) == ["figure:figure"]
     assert changed(explorer, "picked", ()) == ["figure:figure"]  # nothing picked: says so
+
+
+# --- notebook 07: the learning explorer ----------------------------------------------------------------------
+
+LEARNING = REPO_ROOT / "outputs" / "07_does_it_learn" / "h200" / "metrics.json"
+
+
+@pytest.fixture(scope="module")
+def learning_metrics():
+    if not LEARNING.exists():
+        pytest.skip("no committed GPU runs of notebook 07")
+    return json.loads(LEARNING.read_text())
+
+
+@pytest.mark.parametrize("name,value,expect", [
+    ("curve", "entropy", {"figure:curve"}),
+    ("last_step", 16, {"figure:curve", "text:verdict"}),
+    ("window", 3, {"text:verdict"}),
+    ("noise_factor", 1.0, {"figure:curve", "text:verdict"}),
+    ("noise_floor", 0.0, {"figure:curve", "text:verdict"}),
+])
+def test_every_learning_control_changes_the_drawing(learning_metrics, name, value, expect):
+    from rlkit.viz import learning as VL
+
+    assert expect <= set(changed(VL.learning_explorer(learning_metrics), name, value))
+
+
+def test_the_learning_explorer_reruns_the_experiments_analysis(learning_metrics):
+    """At the experiment's own criteria and every step it gives the saved analysis back; fewer steps give the saved
+    before-the-collapse analysis; a window too long for the steps read is said, not drawn."""
+    from rlkit.viz import learning as VL
+
+    criteria = learning_metrics["analysis"]["criteria"]
+    knobs = {k: criteria[k] for k in ("window", "noise_factor", "noise_floor")}
+    steps = max(s["step"] for per_run in learning_metrics["steps"].values() for s in per_run)
+    assert VL.reanalyze(learning_metrics, **knobs, last_step=steps) == learning_metrics["analysis"]
+    before = learning_metrics["analysis_before_collapse"]
+    again = VL.reanalyze(learning_metrics, **knobs, last_step=before["last_step"])
+    assert {"last_step": before["last_step"], **again} == before
+    view = VL.draw({"curve": "reward", "last_step": 6, **knobs}, learning_metrics)
+    assert "needs at least 10 steps" in view.texts["verdict"]
+    band = VL.draw({"curve": "reward", "last_step": steps, **knobs}, learning_metrics).figures["curve"].data[-1]
+    assert band.fill == "toself" and len(band.x) == 2 * steps

@@ -327,6 +327,21 @@ def analyze(runs: dict[str, dict[str, Any]], *, baseline_arm: str, compare_arm: 
             "per_run": per_run, "noise": noise, "compare": compare, "verdict": verdict}
 
 
+def up_to(runs: dict[str, dict[str, Any]], last_step: int) -> dict[str, dict[str, Any]]:
+    """``runs`` (as :func:`analyze` takes them) with each run's step records cut after ``last_step``."""
+    return {name: {**r, "steps": [s for s in r["steps"] if s.get("step", 0) <= last_step]} for name, r in runs.items()}
+
+
+def analyze_before_collapse(runs: dict[str, dict[str, Any]], analysis: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`analyze` again, with the same criteria, over the steps before the first run's entropy collapsed: the
+    steps whose updates still move the policy (None when no run collapsed)."""
+    collapsed = [r["entropy_collapsed_at"] for r in analysis["per_run"].values() if r["entropy_collapsed_at"]]
+    if not collapsed:
+        return None
+    last = min(collapsed) - 1
+    return {"last_step": last, **analyze(up_to(runs, last), **analysis["criteria"])}
+
+
 # ----------------------------------------------------------------------------------------------
 # the runs
 
@@ -460,6 +475,9 @@ def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
     steps = {name: e["metrics"].get("steps") or [] for name, e in done.items()}
     rows_by_run = {name: run_row(name, e) for name, e in done.items()}
     launched = any(e["metrics"]["launched"] for e in done.values())
+    runs = {n: {"arm": done[n]["arm"], "steps": s} for n, s in steps.items()}
+    analysis = analyze(runs, baseline_arm=cfg.baseline_arm, compare_arm=cfg.compare_arm, window=cfg.window,
+                       min_gain=cfg.min_gain, noise_factor=cfg.noise_factor, noise_floor=cfg.noise_floor)
     return {
         "config": P.as_dict(cfg),
         "synthetic": {"task": targets and cfg.data == "synthetic", "model": first.random_init},
@@ -476,9 +494,8 @@ def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
         "launch_reason": next(iter(rows_by_run.values()))["launch_reason"] if rows_by_run else "no run this time",
         "steps": steps,
         "curves": {name: curves(s) for name, s in steps.items()},
-        "analysis": analyze({n: {"arm": done[n]["arm"], "steps": s} for n, s in steps.items()},
-                            baseline_arm=cfg.baseline_arm, compare_arm=cfg.compare_arm, window=cfg.window,
-                            min_gain=cfg.min_gain, noise_factor=cfg.noise_factor, noise_floor=cfg.noise_floor),
+        "analysis": analysis,
+        "analysis_before_collapse": analyze_before_collapse(runs, analysis),
     }
 
 
@@ -490,7 +507,7 @@ def read_results(results_dir: str | Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
-# in words and in figures
+# in words (the figures and the explorer: rlkit.viz.learning)
 
 
 def _f(value, spec: str = ".3f") -> str:
@@ -553,6 +570,13 @@ def describe(metrics: dict[str, Any]) -> str:
                      + ", ".join(f"{n} from step {s}" for n, s in collapsed.items())
                      + ". After it each prompt's samples are nearly identical, the group advantages and the updates "
                        "vanish, and the curves' agreement says little: the steps before it carry the comparison.")
+    before = metrics.get("analysis_before_collapse")
+    if before and before["compare"]:
+        b, steps = before["compare"], before["compare"]["per_step"] or {}
+        lines.append(f"Before the first collapse (steps 1-{before['last_step']}), the same analysis: noise "
+                     f"{_f(before['noise']['curve_distance'], '.4f')}, {b['run']} at {_f(b['mean_distance'], '.4f')} "
+                     f"(threshold {b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
+                     f"{steps.get('steps', '-')} steps: {'passed' if before['verdict']['passed'] else 'not passed'}.")
     v = a["verdict"]
     lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
                                "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
@@ -560,39 +584,6 @@ def describe(metrics: dict[str, Any]) -> str:
                                f"not shown (every run learns: {v['all_learned']}; compared arm within the noise: "
                                f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']})."))
     return "\n".join(lines)
-
-
-def curve_figure(metrics: dict[str, Any], curve: str = "reward", title: str | None = None):
-    """One line per run of one curve (plotly, imported here only); the baseline's repeats share a colour."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    _add_curves(fig, metrics, curve)
-    fig.update_layout(title=title or f"{curve} per step", xaxis_title="step", yaxis_title=curve)
-    return fig
-
-
-def curves_grid(metrics: dict[str, Any], names: tuple[str, ...] = ("grad_norm", "pg_loss", "entropy", "response_length")):
-    """The other curves, one panel each, one line per run."""
-    from plotly.subplots import make_subplots
-
-    cols = 2
-    fig = make_subplots(rows=(len(names) + cols - 1) // cols, cols=cols, subplot_titles=names)
-    for i, name in enumerate(names):
-        _add_curves(fig, metrics, name, row=i // cols + 1, col=i % cols + 1, legend=i == 0)
-    fig.update_layout(title="grad_norm, pg_loss, entropy and response length per step", height=650)
-    return fig
-
-
-def _add_curves(fig, metrics, curve, row=None, col=None, legend=True) -> None:
-    colours = {metrics["config"]["baseline_arm"]: "#1f77b4", metrics["config"]["compare_arm"]: "#d62728"}
-    for i, (name, per_curve) in enumerate(metrics["curves"].items()):
-        points = per_curve.get(curve) or []
-        arm = metrics["runs"][name]["arm"]
-        fig.add_scatter(x=[s for s, _ in points], y=[v for _, v in points], mode="lines+markers", name=name,
-                        legendgroup=name, showlegend=legend, marker={"size": 4},
-                        line={"color": colours.get(arm), "dash": "solid" if name.endswith(".r1") else "dot"},
-                        **({"row": row, "col": col} if row else {}))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@
 * :mod:`rlkit.viz.explorer`: the shared shape (controls -> plain ``draw(state) -> View`` -> FigureWidgets
   redrawn in place);
 * the explorers: :mod:`rlkit.viz.budget` (notebook 00), :mod:`rlkit.viz.arms` (05), :mod:`rlkit.viz.sweep` (06),
+  :mod:`rlkit.viz.learning` (07),
   :mod:`rlkit.viz.pick` (the row/arm selectors of 01 and 03).
 
 This is the top layer: it imports the planner, the experiments and the recipe; nothing below imports it.
