@@ -14,6 +14,7 @@
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-padded       arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
+#   seed-unfused      arm 1 at the seed's workload with verl's unfused full logits; an OOM is the result (23)
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
 #   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
 #   seed-compiled     arm 5 at the seed's workload with the compiled RMSNorm, rotary and SwiGLU (24)
@@ -35,6 +36,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
     seed-padded) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p attn_implementation=sdpa -p use_remove_padding=false"
                       RLKIT_TAG_SUFFIX=-padded scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
+    seed-unfused) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p logits=full -p expect_failure=true" RLKIT_TAG_SUFFIX=-unfused
+                       scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-overlap) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p host_rank0_owner=false -p host_overlap_copies=true"
                        RLKIT_TAG_SUFFIX=-overlap scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-poll) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p replay_poll_s=0.2" RLKIT_TAG_SUFFIX=-poll0.2
