@@ -109,7 +109,8 @@ def _planner_cell(check: dict | None) -> str:
 def _run_commit(run_dir: Path) -> str:
     """The rlkit commit a run came from, as its env.json recorded it."""
     env = run_dir / "env.json"
-    return (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
+    sha = (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
+    return re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)  # a full SHA (RLKIT_GIT_SHA on the node) as git shows it
 
 
 # Notebook 05's runs of the seed's own workload (profile h200-seed, issue 23): folders "<profile>-<arm>".
@@ -519,6 +520,14 @@ def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
                       f"range, {a['criteria']['noise_floor']:g}) of their mean at {steps.get('within_band', '-')} of "
                       f"{steps.get('steps', '-')} steps, inside their range at {steps.get('in_range', '-')}. "
                       f"Verdict: {'passed' if v['passed'] else 'not passed'}."]
+    before = m.get("analysis_before_collapse")
+    if before and before["compare"]:
+        b, steps = before["compare"], before["compare"]["per_step"] or {}
+        lines += ["", f"The same over the steps before the first entropy collapse (1-{before['last_step']}), where the "
+                      f"updates still move the policy: noise {fmt(before['noise']['curve_distance'], '.4f')}, "
+                      f"{b['run']} {fmt(b['mean_distance'], '.4f')} from the baseline runs (threshold "
+                      f"{b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
+                      f"{steps.get('steps', '-')} steps. Verdict: {'passed' if before['verdict']['passed'] else 'not passed'}."]
     return lines
 
 

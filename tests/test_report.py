@@ -59,14 +59,17 @@ def test_learning_block_reads_each_run_and_the_verdict_from_notebook_07s_metrics
     metrics = json.loads((source / "h200" / "metrics.json").read_text())
     text = "\n".join(report.learning_section(root))
     for name, r in metrics["analysis"]["per_run"].items():
-        commit = json.loads((source / "h200-runs" / name / "env.json").read_text())["git_sha"]
+        commit = json.loads((source / "h200-runs" / name / "env.json").read_text())["git_sha"][:7]
         assert f"| {name} | {commit} | {r['steps_trained']} | {r['reward_first']:.3f} | {r['reward_last']:.3f} |" in text
     steps = metrics["analysis"]["compare"]["per_step"]
     assert f"at {steps['within_band']} of {steps['steps']} steps, inside their range at {steps['in_range']}" in text
-    assert text.endswith("Verdict: passed." if metrics["analysis"]["verdict"]["passed"] else "Verdict: not passed.")
+    (verdict,) = [line for line in text.splitlines() if line.startswith("Noise (")]
+    assert verdict.endswith("Verdict: passed." if metrics["analysis"]["verdict"]["passed"] else "Verdict: not passed.")
+    before = metrics["analysis_before_collapse"]
+    assert f"before the first entropy collapse (1-{before['last_step']})" in text
     metrics["analysis"]["verdict"]["passed"] = False
     (root / "07_does_it_learn" / "h200" / "metrics.json").write_text(json.dumps(metrics))
-    assert report.learning_section(root)[-1].endswith("Verdict: not passed.")
+    assert any(line.startswith("Noise (") and line.endswith("Verdict: not passed.") for line in report.learning_section(root))
 
 
 def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):
