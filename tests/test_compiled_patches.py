@@ -3,7 +3,8 @@
 On this CPU (Inductor's C++ kernels): each guard that the compiled function is transformers' own expression (and
 the refusal of one that is not), apply/revert, and a tiny Qwen3 wrapped as verl wraps the actor (FSDP1 NO_SHARD,
 bf16 compute, gradient checkpointing) against eager: compiled_rmsnorm within its stated tolerance (it sums in
-other orders), compiled_pointwise bit for bit (no reductions, eager's roundings kept); and compiled_rmsnorm in fp32
+other orders), compiled_pointwise bit for bit (no reductions, eager's roundings kept) or, on a torch whose CPU
+backend drops those roundings, refused at its first call; and compiled_rmsnorm in fp32
 through verl 0.9.1's own engine and PPO loss (packed, rlkit_varlen, chunked log-probs) to fp32 rounding. On a GPU:
 the same at Qwen3-4B's widths, in bf16, with the differences printed."""
 from __future__ import annotations
@@ -123,20 +124,44 @@ def _assert_bit_identical(eager, compiled):
     assert all(torch.equal(grads_c[name], grad) for name, grad in grads.items())
 
 
+CPU_KEEPS_ROUNDINGS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
 def test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager(single_rank_group):
+    """compiled_rmsnorm within its tolerance; compiled_pointwise bit for bit where Inductor's C++ backend keeps
+    eager's bf16 roundings (torch >= 2.13), and refused at its first call where it does not (2.11, the node's)."""
     cpu = torch.device("cpu")
     compiled_rmsnorm.CALLS.clear()
     compiled_pointwise.CALLS.clear()
     eager = _update("tiny", cpu)
     assert not compiled_rmsnorm.CALLS and not compiled_pointwise.CALLS
     norm = _update("tiny", cpu, compiled_rmsnorm)
-    pointwise = _update("tiny", cpu, compiled_pointwise)
-    # 2 layers x 4 norms + the final one, in the forward and again in the checkpoint's recompute (8 + 1 + 8); the
-    # rotary and the MLP once per layer each, twice over
-    assert compiled_rmsnorm.CALLS == {"compiled": 17}
-    assert compiled_pointwise.CALLS == {"rotary": 4, "swiglu": 4}
+    assert compiled_rmsnorm.CALLS == {"compiled": 17}  # 2 layers x 4 norms + the final one, then the recompute's 8
     _assert_within_tolerance(eager, norm)
+    if not CPU_KEEPS_ROUNDINGS:
+        with pytest.raises(PatchError, match=r"rotary compiled by torch .* on cpu \(torch.bfloat16\) is not eager's "
+                                             r"result bit for bit .*recipe field pointwise: eager"):
+            _update("tiny", cpu, compiled_pointwise)
+        return
+    pointwise = _update("tiny", cpu, compiled_pointwise)
+    assert compiled_pointwise.CALLS == {"rotary": 4, "swiglu": 4}  # once per layer each, and again in the recompute
     _assert_bit_identical(eager, pointwise)
+
+
+def test_a_compiled_function_that_is_not_eagers_bit_for_bit_is_refused_at_its_first_call():
+    """A function whose compiled form cannot equal eager (Inductor draws its own random numbers): refused, naming
+    the function, the count of differing elements and the field; without the claim the same function runs."""
+    from rlkit.patches._compile import like_eager
+
+    def noisy(x):
+        return x + torch.rand_like(x)
+
+    claimed = like_eager(noisy, patch="compiled_pointwise", field="pointwise", bit_exact=True)
+    with pytest.raises(PatchError, match=r"patch 'compiled_pointwise': noisy compiled by torch .* on cpu "
+                                         r"\(torch.float32\) is not eager's result bit for bit \(\d+ of 64 elements "
+                                         r"differ.*recipe field pointwise: eager"):
+        claimed(torch.zeros(8, 8))
+    assert like_eager(noisy, patch="compiled_pointwise", field="pointwise")(torch.zeros(8, 8)).shape == (8, 8)
 
 
 @pytest.mark.verl
@@ -184,8 +209,8 @@ def test_qwen3_4b_widths_on_the_gpu(single_rank_group):
     device = torch.device("cuda", 0)
     eager = _update("qwen3-4b", device, num_hidden_layers=2)
     norm = _update("qwen3-4b", device, compiled_rmsnorm, num_hidden_layers=2)
-    pointwise = _update("qwen3-4b", device, compiled_pointwise, num_hidden_layers=2)
     _report("compiled_rmsnorm", eager, norm)
-    _report("compiled_pointwise", eager, pointwise)
     _assert_within_tolerance(eager, norm)
+    pointwise = _update("qwen3-4b", device, compiled_pointwise, num_hidden_layers=2)  # its first-call check raises
+    _report("compiled_pointwise", eager, pointwise)                                  # with the counts if it differs
     _assert_bit_identical(eager, pointwise)

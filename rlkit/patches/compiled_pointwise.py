@@ -12,10 +12,14 @@ becomes :func:`rotary` and ``Qwen3MLP.forward`` becomes ``down_proj(swiglu(gate_
 compiled by :func:`rlkit.patches._compile.like_eager` (one fused kernel each way on a GPU). The GEMMs stay eager.
 
 Numerics: no reductions, and ``emulate_precision_casts`` keeps every rounding to bf16 that eager does between the
-fused ops, so the same elementwise arithmetic runs in the same order. On this CPU (Inductor's C++ kernels) the
-outputs and gradients are bit-identical to eager's (tests/test_compiled_patches.py). On a GPU the one open
-question is SiLU's exponential (Triton's libdevice against ATen's CUDA ``expf``): the GPU test compares bit for
-bit and reports the difference if there is one. Measured on the GPU: not yet.
+fused ops, so the same elementwise arithmetic runs in the same order. On the CPU with torch 2.13 (Inductor's C++
+kernels) the outputs and gradients are bit-identical to eager's (tests/test_compiled_patches.py). torch 2.11's
+C++ backend drops those roundings (found on the node's torch: its ``to_dtype`` elides the bf16 round trip whatever
+the option says; 2.13 honours it), so results differ there. On a GPU the one open question is SiLU's exponential
+(Triton's libdevice against ATen's CUDA ``expf``): the GPU test compares bit for bit. Measured on the GPU: not yet.
+Because bit-identity depends on the torch and the device, the first call on each device type and dtype is
+checked: eager runs beside the compiled function on the same inputs, and any differing element raises a
+:class:`~rlkit.patches.PatchError` naming the field that turns the patch off (``like_eager``'s ``bit_exact``).
 
 Guard: at apply, :func:`rotary` and :func:`swiglu` (not compiled) must equal transformers' own on a probe, bit for
 bit, and the MLP's activation must be SiLU (Qwen3's ``hidden_act``); a model built with another activation keeps
@@ -53,8 +57,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-compiled_rotary = like_eager(rotary, patch="compiled_pointwise", field="pointwise")
-compiled_swiglu = like_eager(swiglu, patch="compiled_pointwise", field="pointwise")
+compiled_rotary = like_eager(rotary, patch="compiled_pointwise", field="pointwise", bit_exact=True)
+compiled_swiglu = like_eager(swiglu, patch="compiled_pointwise", field="pointwise", bit_exact=True)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
