@@ -13,6 +13,7 @@
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, after their GPU tests (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
+#   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
 #   seed-padded       arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
 #   seed-unfused      arm 1 at the seed's workload with verl's unfused full logits; an OOM is the result (23)
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
@@ -34,6 +35,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                            --tag h200-compiled) ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
+    seed-arm1) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-padded) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p attn_implementation=sdpa -p use_remove_padding=false"
                       RLKIT_TAG_SUFFIX=-padded scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-unfused) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p logits=full -p expect_failure=true" RLKIT_TAG_SUFFIX=-unfused
