@@ -60,7 +60,7 @@ def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, nois
 
 def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float, last_step: int) -> None:
     """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.experiments.learning.per_step_band`),
-    shaded, under the runs' lines."""
+    shaded (translucent, over the runs' lines)."""
     base_arm = metrics["analysis"]["criteria"]["baseline_arm"]
     base = [dict(map(tuple, c["reward"])) for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]
     if len(base) < 2:
