@@ -416,6 +416,9 @@ def test_describe_and_figures_read_only_metrics():
     text = L.describe(metrics)
     assert "learns" in text and "within the noise" in text and "30,681,728 parameters" in text
     assert "No run was launched: no GPU" in L.describe({**metrics, "launched": False})
+    assert "Speed is not what this measures" not in text  # no run recorded its limits
+    runs = {n: {**r, "update_actor_mfu": f} for (n, r), f in zip(metrics["runs"].items(), (0.0009, 0.0012, 0.001))}
+    assert "update_actor at 0.09%-0.12% of the GPU's dense bf16 peak" in L.describe({**metrics, "runs": runs})
     from rlkit.viz import learning as V
 
     assert len(V.curve_figure(metrics).data) == 3 and len(V.curves_grid(metrics).data) == 12

@@ -454,6 +454,7 @@ def run_row(name: str, entry: dict[str, Any]) -> dict[str, Any]:
             "launched": m["launched"], "outcome": grpo.outcome(m), "launch_reason": m["launch_reason"],
             "patches": list(recipe.active_patches), "optimizer": m["recipe"]["optimizer"],
             "verified_patches": (m.get("verify") or {}).get("active_patches"), "step_s": summary.get("step_s"),
+            "update_actor_mfu": (((m.get("limits") or {}).get("phases") or {}).get("update_actor") or {}).get("fraction"),
             "sanity_passed": (m.get("sanity") or {}).get("passed")}
 
 
@@ -577,6 +578,10 @@ def describe(metrics: dict[str, Any]) -> str:
                      f"{_f(before['noise']['curve_distance'], '.4f')}, {b['run']} at {_f(b['mean_distance'], '.4f')} "
                      f"(threshold {b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
                      f"{steps.get('steps', '-')} steps: {'passed' if before['verdict']['passed'] else 'not passed'}.")
+    mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
+    if mfu:
+        lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
+                     f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.roofline).")
     v = a["verdict"]
     lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
                                "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
