@@ -44,10 +44,10 @@ from rlkit.experiments import experiment_main
 NOTEBOOK = "07_does_it_learn"
 HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
               "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
-# verl's per-step metric behind each curve (verl 0.9.1 metric names)
 # a run's entropy at or below this share of its first step's: the policy samples nearly one response per prompt, so
 # the group's advantages, and with them the updates, vanish (the curves after it say little about the patches)
 ENTROPY_COLLAPSE = 0.01
+# verl's per-step metric behind each curve (verl 0.9.1 metric names)
 CURVES = {"reward": "critic/score/mean", "grad_norm": "actor/grad_norm", "pg_loss": "actor/pg_loss",
           "entropy": "actor/entropy", "response_length": "response_length/mean"}
 
@@ -234,28 +234,37 @@ def curve_distance(a: list[list[float]], b: list[list[float]]) -> float | None:
     return sum(abs(left[s] - right[s]) for s in common) / len(common) if common else None
 
 
+def baseline_band(baselines: list[list[list[float]]], *, noise_factor: float,
+                  noise_floor: float) -> dict[int, tuple[float, float, float, float]]:
+    """At each step all ``baselines`` share: their (lowest, highest, mean) value and the band around the mean,
+    ``max(noise_factor x (highest - lowest), noise_floor)``."""
+    tables = [dict((s, v) for s, v in curve) for curve in baselines]
+    out = {}
+    for s in sorted(set.intersection(*(set(t) for t in tables))) if tables else []:
+        values = [t[s] for t in tables]
+        lo, hi = min(values), max(values)
+        out[s] = (lo, hi, sum(values) / len(values), max(noise_factor * (hi - lo), noise_floor))
+    return out
+
+
 def per_step_band(compared: list[list[float]], baselines: list[list[list[float]]], *, noise_factor: float,
                   noise_floor: float) -> dict[str, Any] | None:
-    """The compared curve step by step against the baseline runs' spread at that step.
+    """The compared curve step by step against the baseline runs' spread at that step (:func:`baseline_band`).
 
     At each step all curves share: whether the compared value lies in the baseline runs' range, and whether its
-    distance to their mean is within the band ``max(noise_factor x range, noise_floor)``. The range alone is no test
-    with two repeats: a third run of the same arm falls between two others only a third of the time. Returns the
-    counts and the step where the distance is the largest share of its band (None without two baseline runs).
+    distance to their mean is within the band. The range alone is no test with two repeats: a third run of the same
+    arm falls between two others only a third of the time. Returns the counts and the step where the distance is the
+    largest share of its band (None without two baseline runs).
     """
     if len(baselines) < 2:
         return None
-    tables = [dict((s, v) for s, v in curve) for curve in [compared, *baselines]]
-    common = sorted(set.intersection(*(set(t) for t in tables)))
-    if not common:
+    ours = dict((s, v) for s, v in compared)
+    bands = baseline_band(baselines, noise_factor=noise_factor, noise_floor=noise_floor)
+    rows = [{"step": s, "difference": ours[s] - mean, "band": band, "in_range": lo <= ours[s] <= hi,
+             "within_band": abs(ours[s] - mean) <= band}
+            for s, (lo, hi, mean, band) in bands.items() if s in ours]
+    if not rows:
         return None
-    rows = []
-    for s in common:
-        c, base = tables[0][s], [t[s] for t in tables[1:]]
-        lo, hi, mean = min(base), max(base), sum(base) / len(base)
-        band = max(noise_factor * (hi - lo), noise_floor)
-        rows.append({"step": s, "difference": c - mean, "band": band, "in_range": lo <= c <= hi,
-                     "within_band": abs(c - mean) <= band})
     worst = max(rows, key=lambda r: abs(r["difference"]) / r["band"])
     return {"steps": len(rows), "in_range": sum(r["in_range"] for r in rows),
             "within_band": sum(r["within_band"] for r in rows), "worst": worst}

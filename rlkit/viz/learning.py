@@ -59,15 +59,16 @@ def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, nois
 
 
 def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float, last_step: int) -> None:
-    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.experiments.learning.per_step_band`),
+    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.experiments.learning.baseline_band`),
     shaded (translucent, over the runs' lines)."""
     base_arm = metrics["analysis"]["criteria"]["baseline_arm"]
-    base = [dict(map(tuple, c["reward"])) for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]
+    base = [c["reward"] for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]
     if len(base) < 2:
         return
-    steps = sorted(s for s in set.intersection(*(set(b) for b in base)) if s <= last_step)
-    mean = [sum(b[s] for b in base) / len(base) for s in steps]
-    band = [max(noise_factor * (max(b[s] for b in base) - min(b[s] for b in base)), noise_floor) for s in steps]
+    bands = {s: b for s, b in L.baseline_band(base, noise_factor=noise_factor, noise_floor=noise_floor).items()
+             if s <= last_step}
+    steps = list(bands)
+    mean, band = [b[2] for b in bands.values()], [b[3] for b in bands.values()]
     fig.add_scatter(x=steps + steps[::-1], y=[m + d for m, d in zip(mean, band)] + [m - d for m, d in
                     zip(mean[::-1], band[::-1])], fill="toself", mode="lines", line={"width": 0},
                     fillcolor="rgba(31,119,180,0.15)", name=f"{base_arm} mean +- band", hoverinfo="skip")
