@@ -44,15 +44,15 @@ def like_eager(fn: Callable, *, patch: str, field: str, bit_exact: bool = False)
         key = (first.device.type, first.dtype)
         if bit_exact and key not in checked:
             with torch.no_grad():
-                _require_same(fn(first, *args), out, what=f"patch {patch!r}: {fn.__name__}", field=field,
-                              where=f"{first.device} ({first.dtype})", patch=patch)
+                _require_same(fn(first, *args), out, name=fn.__name__, patch=patch, field=field,
+                              where=f"{first.device} ({first.dtype})")
             checked.add(key)
         return out
 
     return call
 
 
-def _require_same(eager, compiled, *, what: str, field: str, where: str, patch: str) -> None:
+def _require_same(eager, compiled, *, name: str, patch: str, field: str, where: str) -> None:
     from torch.utils._pytree import tree_leaves
 
     pairs = [(a, b.detach()) for a, b in zip(tree_leaves(eager), tree_leaves(compiled), strict=True)]
@@ -61,7 +61,7 @@ def _require_same(eager, compiled, *, what: str, field: str, where: str, patch: 
     differ = sum(int((a != b).sum()) for a, b in pairs)
     total = sum(a.numel() for a, _ in pairs)
     largest = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
-    raise PatchError(f"{what} compiled by torch {torch.__version__} on {where} is not eager's result bit for bit "
+    raise PatchError(f"patch {patch!r}: {name} compiled by torch {torch.__version__} on {where} is not eager's result bit for bit "
                      f"({differ} of {total} elements differ, by at most {largest:.3g}), which the patch claims. Fix: "
                      f"run without {patch} (recipe field {field}: eager), or a torch whose Inductor keeps eager's "
                      "roundings there (on the CPU, 2.13 does and 2.11 does not)")
