@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from rlkit import report
+from rlkit import report, report_notebooks
 from rlkit.results import OUTPUTS_DIR, NotACheckout
 
 
@@ -57,7 +57,7 @@ def test_learning_block_reads_each_run_and_the_verdict_from_notebook_07s_metrics
         shutil.copytree(source / name, root / "07_does_it_learn" / name)
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
     metrics = json.loads((source / "h200" / "metrics.json").read_text())
-    text = "\n".join(report.learning_section(root))
+    text = "\n".join(report_notebooks.learning_section(root))
     for name, r in metrics["analysis"]["per_run"].items():
         commit = json.loads((source / "h200-runs" / name / "env.json").read_text())["git_sha"][:7]
         assert f"| {name} | {commit} | {r['steps_trained']} | {r['reward_first']:.3f} | {r['reward_last']:.3f} |" in text
@@ -69,7 +69,7 @@ def test_learning_block_reads_each_run_and_the_verdict_from_notebook_07s_metrics
     assert f"before the first entropy collapse (1-{before['last_step']})" in text
     metrics["analysis"]["verdict"]["passed"] = False
     (root / "07_does_it_learn" / "h200" / "metrics.json").write_text(json.dumps(metrics))
-    assert any(line.startswith("Noise (") and line.endswith("Verdict: not passed.") for line in report.learning_section(root))
+    assert any(line.startswith("Noise (") and line.endswith("Verdict: not passed.") for line in report_notebooks.learning_section(root))
 
 
 def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):
