@@ -14,7 +14,8 @@
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
-#   seed-padded       arm 1 at the seed's workload with padded SDPA, for the 1.3x update tokens/s target (23)
+#   seed-padded       arm 1 at the seed's workload with padded SDPA at 12,288 tokens per micro-batch, the largest the
+#                     planner fits on the 47.4 GiB card padded (24,576: 56.6 GiB), for the 1.3x update tokens/s target (23)
 #   seed-unfused      arm 1 at the seed's workload with verl's unfused full logits; an OOM is the result (23)
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
 #   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
@@ -26,7 +27,7 @@ root=${1:?give a results root}; shift
 cd "$(dirname "$0")/.." || exit 1
 
 set_job() {  # cmd=(the command of job $2), its results under $1
-  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed)
+  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) padded
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
@@ -36,8 +37,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
     seed-arm1) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
-    seed-padded) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p attn_implementation=sdpa -p use_remove_padding=false"
-                      RLKIT_TAG_SUFFIX=-padded scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
+    seed-padded) padded="-p attn_implementation=sdpa -p use_remove_padding=false -p ppo_max_token_len_per_gpu=12288"
+                 cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$padded" RLKIT_TAG_SUFFIX=-padded-tok12288 scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-unfused) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p logits=full -p expect_failure=true" RLKIT_TAG_SUFFIX=-unfused
                        scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-overlap) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p host_rank0_owner=false -p host_overlap_copies=true"
