@@ -106,6 +106,7 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None, *, how_to_
     out.mkdir(parents=True, exist_ok=True)
     paths, data_info, model_info = prepare(recipe)
     overrides = render_overrides(recipe, paths, out)
+    verl_job.write_overrides(out, overrides)  # a run stopped before its metrics.json can still be collected
     preflight = verl_job.preflight_findings(recipe, overrides)
     launched, reason = verl_job.launch_decision(recipe.launch, recipe.n_gpus, how_to_run)
     shortfall = verl_job.host_memory_shortfall(preflight)
@@ -188,22 +189,29 @@ def collect(run_dir: str | os.PathLike, note: str) -> dict[str, Any]:
     from what the run left: params.yaml, overrides.json, verify_result.json, verl.log, plugin records.
 
     Everything is recomputed from those files by the same code as :func:`run`; what only the launcher knew
-    (its exit code, wall time, the GPU sampler's timeline) is absent and ``launch.collected`` says so.
+    (its exit code, wall time, the GPU sampler's timeline) is absent and ``launch.collected`` says so. A run
+    launched before the launcher wrote overrides.json for every run (it did only with verify_before_launch) gets
+    them rendered again from its params.yaml by this machine's rlkit; ``launch.collected.overrides`` says which.
     """
     import yaml
 
     run_dir = Path(run_dir)
-    missing = [n for n in ("params.yaml", "overrides.json", "verl.log") if not (run_dir / n).exists()]
+    missing = [n for n in ("params.yaml", "verl.log") if not (run_dir / n).exists()]
     if missing:
         raise FileNotFoundError(f"{run_dir} lacks {missing}: not a run folder of `rlkit grpo launch`")
     recipe = P.build(GRPORecipe, yaml.safe_load((run_dir / "params.yaml").read_text()), where=str(run_dir / "params.yaml"))
-    overrides = json.loads((run_dir / "overrides.json").read_text())
+    paths = default_paths(recipe)
+    if (run_dir / "overrides.json").exists():
+        overrides, source = json.loads((run_dir / "overrides.json").read_text()), "overrides.json"
+    else:
+        overrides = render_overrides(recipe, paths, run_dir)
+        source = ("rendered again from params.yaml by the collecting machine's rlkit (the run wrote no "
+                  "overrides.json): their paths are that machine's, and a rendering change since the run is in them")
     verify_path = run_dir / "verify_result.json"
     record_dir = run_dir / "plugin_records"
-    paths = default_paths(recipe)
     launch = {**verl_job.read_run_files(run_dir, record_dir),
               "gpu_memory": None, "plugin_records": verl_job.read_plugin_records(record_dir),
-              "collected": {"from": run_dir.name, "note": note}}
+              "collected": {"from": run_dir.name, "note": note, "overrides": source}}
     return recipe_metrics(
         recipe,
         data={"source": recipe.data, "path": paths.train_file, "rows": recipe.data_rows},
@@ -252,14 +260,11 @@ def planner_for_run(metrics: dict[str, Any]):
 
     recipe = P.build(GRPORecipe, dict(metrics["recipe"]), where="metrics.json recipe")
     card = recipe.emulate_gpu_gib or recipe.planner_gpu_gib
-    key = "actor_rollout_ref.model.path="
-    overrides = metrics["overrides"]
-    model_path = next((o[len(key):] for o in overrides if o.startswith(key)), "")
-    if recipe.random_init and not (Path(model_path) / "config.json").exists():
-        # the random-init model's folder was written on the node: the planner reads its preset's shapes by name
-        overrides = [f"{key}{recipe.model}" if o.startswith(key) else o for o in overrides]
-    spec = preflight.planner_spec_for_overrides(overrides, recipe.active_patches, gpu_gib=card)
-    return None if spec is None else (card, spec, budget.plan(spec))
+    # the random-init model's folder was written on the node: a stand-in gives the planner its preset's shapes and
+    # the synthetic length model's mean (padded positions depend on it)
+    with _local_model_overrides(recipe, metrics["overrides"]) as (overrides, _):
+        spec = preflight.planner_spec_for_overrides(overrides, recipe.active_patches, gpu_gib=card)
+        return None if spec is None else (card, spec, budget.plan(spec))
 
 
 def planner_check(metrics: dict[str, Any], planned=None) -> dict[str, Any] | None:

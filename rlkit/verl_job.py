@@ -135,14 +135,21 @@ def verify_in_verl(overrides: list[str]) -> dict[str, Any]:
             "use_reference_policy": bool(need_reference_policy(config)), "use_critic": bool(need_critic(config))}
 
 
+def write_overrides(out_dir: Path, overrides: list[str]) -> Path:
+    """``out_dir/overrides.json``: the verify step's input, and what ``rlkit grpo collect`` rebuilds a stopped run from."""
+    path = Path(out_dir) / "overrides.json"
+    path.write_text(json.dumps(overrides, indent=1))
+    return path
+
+
 def verify_subprocess(recipe, overrides: list[str], out_dir: Path, timeout: float = 600) -> dict:
     """Run :func:`verify_in_verl` in a fresh process with the run's env; check the plugin records."""
     record_dir = out_dir / "plugin_records_verify"
     clear_plugin_records(record_dir)
-    (out_dir / "overrides.json").write_text(json.dumps(overrides, indent=1))
+    overrides_path = write_overrides(out_dir, overrides)
     result_path = out_dir / "verify_result.json"
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "rlkit.verl_job", "verify", "--overrides", str(out_dir / "overrides.json"),
+    cmd = [sys.executable, "-m", "rlkit.verl_job", "verify", "--overrides", str(overrides_path),
            "--result", str(result_path)]
     log_path = out_dir / "verify.log"
     with open(log_path, "w") as log:

@@ -308,6 +308,28 @@ def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs
     assert grpo.outcome(again) == "stopped after 2/3 steps" and again["sanity"]["rank_max_abs_diff"] == 0.0
 
 
+def test_collect_renders_the_overrides_again_for_a_run_that_wrote_none(tmp_path):
+    """Runs launched with verify_before_launch off wrote no overrides.json before the launcher wrote it for every
+    run; collect renders them from params.yaml with this machine's rlkit and says so."""
+    import shutil
+
+    from conftest import committed_run
+
+    from rlkit.results import OUTPUTS_DIR
+
+    run = tmp_path / "run"
+    shutil.copytree(committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192"), run)
+    committed = json.loads((run / "overrides.json").read_text())
+    (run / "overrides.json").unlink()
+    again = grpo.collect(run, "note")
+    assert again["launch"]["collected"]["overrides"].startswith("rendered again from params.yaml")
+    recipe = P.build(R.GRPORecipe, again["recipe"])
+    assert again["overrides"] == R.render_overrides(recipe, R.default_paths(recipe), run)
+    assert f"data.train_files={R.default_paths(recipe).train_file}" in again["overrides"]
+    assert committed != again["overrides"]  # the run's own paths were the node's
+    assert again["steps"] == json.loads((run / "metrics.json").read_text())["steps"]
+
+
 def test_collect_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="params.yaml"):
         grpo.collect(tmp_path, "note")
