@@ -342,7 +342,8 @@ def outcome(metrics: dict[str, Any]) -> str:
     recipe, launch = metrics.get("recipe", {}), metrics.get("launch", {})
     failure, trained = launch.get("failure"), len(training_steps(metrics.get("steps", [])))
     if failure is not None:
-        return f"{failure['kind']} in {failure['phase']}" + (" (expected)" if recipe.get("expect_failure") else "")
+        at = f" at step {trained + 1}" if trained else ""  # a failure after trained steps: which step it was
+        return f"{failure['kind']} in {failure['phase']}{at}" + (" (expected)" if recipe.get("expect_failure") else "")
     if trained < recipe.get("steps", 0):
         return f"stopped after {trained}/{recipe['steps']} steps"
     return "trained" + (" (a failure was expected)" if recipe.get("expect_failure") else "")

@@ -124,6 +124,13 @@ def planner_spec_for_overrides(overrides: list[str], active_patches: Iterable[st
     return spec
 
 
+# A padded plan that fits with less headroom than this fraction of the card is a warning. Measured: arm 1 padded at
+# 12,288 tokens per micro-batch planned 46.71 of 47.40 GiB (headroom 1.5%), peaked at 46.76 GiB in steps 1-2 and ran
+# out of the card at step 3 asking for 0.75 GiB more with 47.19 allocated, i.e. at least 2.6% over the plan
+# (outputs/05_grpo_qwen3_4b/h200-seed-1-fixes-hostadamw-padded-tok12288/metrics.json).
+PADDED_HEADROOM_FRACTION = 0.05
+
+
 def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
     from rlkit import budget
 
@@ -140,6 +147,12 @@ def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
     caveat = f" (the planner assumes one vLLM engine per GPU, TP=1; this config has TP={tp})" if tp != 1 else ""
     message = (f"planner ({result.model}, {spec.gpu_gib} GiB x {spec.n_gpus}, options: "
                f"{', '.join(spec.options) or 'none'}): {result.verdict}: {result.reason}{caveat}")
+    if result.fits and not spec.remove_padding and result.headroom_gib < PADDED_HEADROOM_FRACTION * spec.gpu_gib:
+        return [Finding("warning", key, f"{message}; padded, the headroom is under {PADDED_HEADROOM_FRACTION:.0%} of the "
+                        "card: a padded micro-batch holds its longest sequence's length times its sequence count, which "
+                        "swings from one micro-batch to the next around the expected count the planner takes",
+                        f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu until the headroom is {PADDED_HEADROOM_FRACTION:.0%} of "
+                        f"the card, or set {MODEL}.use_remove_padding=True (rlkit_varlen attention without flash-attn)")]
     if result.fits:
         return [Finding("info", key, message, "none needed")]
     fixes = {

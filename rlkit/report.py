@@ -211,27 +211,31 @@ def reruns_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
-    """Notebook 05's arms at the seed's own workload (``outputs/05_grpo_qwen3_4b/h200-seed-<arm>/``)."""
+    """Notebook 05's arms at the seed's own workload (``outputs/05_grpo_qwen3_4b/h200-seed-<arm>[-<variant>][.session<N>...]/``)."""
     from rlkit.grpo import outcome, planner_check
     from rlkit.verl_logs import training_steps
 
-    loaded, commits = committed_arms(root, prefix=SEED_PREFIX)
+    loaded, commits = committed_arms(root, prefix=SEED_PREFIX, reruns=True)
     if not loaded:
         return ["*05_grpo_qwen3_4b: no committed runs of the seed's workload yet.*"]
     first = next(iter(loaded.values()))["recipe"]
-    header = ("| run | commit | attention | logits | lr | outcome | steps | response mean (min-max) | step (s) | gen | "
-              "old_log_prob | update_actor | tokens/s/GPU | actor peak alloc. / reserved (GiB) | device peak used (GiB) | "
-              "host peak over idle (GiB) | planner |")
+    means: dict[int, list[str]] = {}
+    for name, m in loaded.items():
+        means.setdefault(m["recipe"]["response_length_mean"], []).append(commits[name])
+    length_means = " or ".join(f"{mean} ({', '.join(sorted(set(c)))})" for mean, c in sorted(means.items()))
+    header = ("| run | commit | attention | logits | tokens/micro-batch | lr | outcome | steps | response mean (min-max) | "
+              "step (s) | gen | old_log_prob | update_actor | tokens/s/GPU | actor peak alloc. / reserved (GiB) | "
+              "device peak used (GiB) | host peak over idle (GiB) | planner |")
     lines = [f"**The seed's workload** (profile `h200-seed` as of each run's commit: prompt <= {first['max_prompt_length']}, response <= "
-             f"{first['max_response_length']} with SYNTHETIC lengths, `rlkit.length_model` mean {first['response_length_mean']}; "
-             f"{first['ppo_max_token_len_per_gpu']:,} tokens per update micro-batch, {first['train_batch_size']} x "
-             f"{first['rollout_n']} on {first['n_gpus']} H200 emulating a {first['emulate_gpu_gib']:g} GiB card; means over "
-             "steps 2..; `outputs/05_grpo_qwen3_4b/h200-seed-<arm>/metrics.json`):", "", header,
-             "|" + "---|" * (header.count("|") - 1)]
+             f"{first['max_response_length']} with SYNTHETIC lengths, `rlkit.length_model` mean {length_means} by commit; "
+             f"{first['train_batch_size']} x {first['rollout_n']} on {first['n_gpus']} H200 emulating a "
+             f"{first['emulate_gpu_gib']:g} GiB card; means over steps 2.., step 1 where it is the only one; "
+             "`outputs/05_grpo_qwen3_4b/<run>/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, m in loaded.items():
         r, s = m["recipe"], m.get("summary") or {}
         attention = f"{r.get('attn_implementation', 'sdpa')}, {'unpadded' if r.get('use_remove_padding') else 'padded'}"
-        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | {r['lr']:g} | {outcome(m)} | "
+        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | "
+                     f"{r['ppo_max_token_len_per_gpu']:,} | {r['lr']:g} | {outcome(m)} | "
                      f"{len(training_steps(m.get('steps', [])))} | {fmt(s.get('response_length_mean'), '.0f')} "
                      f"({fmt(s.get('response_length_min'), '.0f')}-{fmt(s.get('response_length_max'), '.0f')}) | "
                      f"{fmt(s.get('step_s'))} | {fmt(s.get('gen_s'))} | {fmt(s.get('old_log_prob_s'))} | "
@@ -239,7 +243,7 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(s.get('actor_max_allocated_gib'), '.2f')} / {fmt(s.get('actor_max_reserved_gib'), '.2f')} | "
                      f"{fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
                      f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {_planner_cell(planner_check(m))} |")
-    lines += _variant_lines(loaded)
+    lines += _variant_lines(loaded) + _same_sample_lines(loaded)
     drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
                                                for step in training_steps(m.get("steps", [])))
                       for name, m in loaded.items())
@@ -261,22 +265,78 @@ def update_tokens_per_s(metrics: dict) -> float | None:
     return sum(s["perf/total_num_tokens"] for s in steps) / sum(s["timing_s/update_actor"] for s in steps)
 
 
+# issue 23: the remove-padding arm's update_actor at least this many times the padded arm's tokens per second
+REMOVE_PADDING_SPEEDUP_TARGET = 1.3
+# step 1 of two runs sampled the same workload when their token counts differ by at most this fraction (vLLM's
+# sampling is not bit-reproducible across launches, so the same prompts and model give nearly, not exactly, the same)
+SAME_SAMPLE_TOLERANCE = 0.001
+
+
+def _varied_run(name: str, loaded: dict[str, dict]) -> str | None:
+    """The run ``<run>-<variant>`` varies: the longest other name it extends with a '-'."""
+    return max((b for b in loaded if name.startswith(b + "-")), key=len, default=None)
+
+
+def _padding_target(variant: dict, base: dict, ratio: float | None) -> str:
+    """For a padded variant of an unpadded run, whether the base's update speed meets the 1.3x target."""
+    if ratio is None or variant["recipe"].get("use_remove_padding") or not base["recipe"].get("use_remove_padding"):
+        return ""
+    met = "met" if ratio >= REMOVE_PADDING_SPEEDUP_TARGET else "not met"
+    return f" Remove-padding target {REMOVE_PADDING_SPEEDUP_TARGET}x: {met}."
+
+
 def _variant_lines(loaded: dict[str, dict]) -> list[str]:
     """Each run named ``<run>-<variant>`` (e.g. ``-padded``: padded SDPA; ``-overlap``: HostAdamW's overlapped
     copies) against the run it varies: update tokens/s and step time, each side's own measurement."""
     out = []
     for name, m in loaded.items():
-        base = max((b for b in loaded if name.startswith(b + "-")), key=len, default=None)  # the nearest run it varies
+        base = _varied_run(name, loaded)
         if base is None:
             continue
         ours, theirs = update_tokens_per_s(m), update_tokens_per_s(loaded[base])
         step, base_step = (m.get("summary") or {}).get("step_s"), (loaded[base].get("summary") or {}).get("step_s")
-        ratio = f"{theirs / ours:.2f}x" if ours and theirs else "-"
+        ratio = theirs / ours if ours and theirs else None
         change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
         out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
-                   f"(`{base}` {ratio} the variant's), step {fmt(step)} against {fmt(base_step)} s ({change}).")
+                   f"(`{base}` {fmt(ratio, '.2f')}x the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
+                   + _padding_target(m, loaded[base], ratio))
     return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
         if out else []
+
+
+def _first_step(metrics: dict) -> dict | None:
+    from rlkit.verl_logs import training_steps
+
+    steps = training_steps(metrics.get("steps", []))
+    first = steps[0] if steps else {}
+    return first if first.get("perf/total_num_tokens") and first.get("timing_s/update_actor") else None
+
+
+def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
+    """Step 1 of each variant against step 1 of every run of the arm it varies (its reruns included) that sampled
+    the same workload. Step 1's rollout comes before any update, so the lr does not enter it; that the two runs
+    processed the same tokens (within SAME_SAMPLE_TOLERANCE) is the check that their prompts, model and lengths were
+    the same. Step 1 carries the one-off start-up of each phase on both sides."""
+    out = []
+    for name, m in loaded.items():
+        base, ours = _varied_run(name, loaded), _first_step(m)
+        if base is None or ours is None:
+            continue
+        for other in (n for n in loaded if n == base or n.startswith(base + ".session")):
+            theirs = _first_step(loaded[other])
+            tokens = (ours["perf/total_num_tokens"], theirs["perf/total_num_tokens"]) if theirs else (0, 0)
+            if not theirs or abs(tokens[0] / tokens[1] - 1) > SAME_SAMPLE_TOLERANCE:
+                continue
+            speed = [t / s["timing_s/update_actor"] for t, s in zip(tokens, (ours, theirs))]
+            ratio = speed[1] / speed[0]
+            out.append(f"- `{name}` against `{other}` ({tokens[0]:,.0f} and {tokens[1]:,.0f} tokens, response mean "
+                       f"{ours['response_length/mean']:.0f} and {theirs['response_length/mean']:.0f}): update_actor "
+                       f"{speed[0]:.0f} against {speed[1]:.0f} tokens/s (`{other}` {ratio:.2f}x the variant's), "
+                       f"old_log_prob {ours['timing_s/old_log_prob']:.1f} against {theirs['timing_s/old_log_prob']:.1f} s, "
+                       f"step {ours['timing_s/step']:.1f} against {theirs['timing_s/step']:.1f} s."
+                       + _padding_target(m, loaded[other], ratio))
+    return ["", "Step 1 of the same sampled workload (the runs' tokens agree within "
+            f"{SAME_SAMPLE_TOLERANCE:.1%}; step 1 includes each phase's one-off start-up on both sides):", *out] if out else []
 
 
 def _pct(value) -> str:

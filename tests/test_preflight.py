@@ -339,3 +339,35 @@ def test_padded_positions_follow_the_models_length_model(tmp_path):
     assert f"padded to {positions:,.0f} positions" in f.message and f"{positions * V * 8 / GIB:.2f} GiB" in f.message
     spec = PF.planner_spec_for_overrides(SEED_WORKLOAD + model, gpu_gib=47.4)
     assert spec.mean_response_tokens == pytest.approx(expected) and not spec.remove_padding
+
+
+def _with_tokens(overrides, tokens, remove_padding):
+    swap = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": tokens, "actor_rollout_ref.model.use_remove_padding":
+            remove_padding}
+    return [f"{o.split('=', 1)[0]}={swap[o.split('=', 1)[0]]}" if o.split("=", 1)[0] in swap else o for o in overrides]
+
+
+def test_a_padded_plan_with_little_headroom_is_a_warning():
+    """Arm 1 padded at 12,288 tokens per micro-batch: the planner fits it with 0.69 GiB to spare, and the run ran
+    out of the card at step 3. Padded and under 5% of headroom is a warning naming the two fixes; with more
+    headroom (8,192 tokens), or unpadded, it is the usual info."""
+    from conftest import committed_run
+
+    from rlkit import grpo, params
+    from rlkit.recipe import GRPORecipe
+    from rlkit.results import OUTPUTS_DIR
+
+    run = grpo.read_results(committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "h200-seed-1-fixes-hostadamw-padded-tok12288"))
+    recipe = params.build(GRPORecipe, dict(run["recipe"]))
+    with grpo._local_model_overrides(recipe, run["overrides"]) as (overrides, _):
+        def planner(tokens, remove_padding):
+            (finding,) = by_check(PF.check_overrides(_with_tokens(overrides, tokens, remove_padding),
+                                                     active_patches=list(recipe.active_patches), gpu_gib=47.4,
+                                                     env={}, ray_version="2.60.0"), "planner")
+            return finding
+
+        tight = planner(12288, False)
+        assert tight.severity == "warning" and "headroom 0.69 GiB" in tight.message and "under 5% of the card" in tight.message
+        assert "ppo_max_token_len_per_gpu" in tight.fix and "use_remove_padding=True" in tight.fix
+        assert planner(8192, False).severity == "info"
+        assert planner(12288, True).severity == "info"

@@ -166,7 +166,33 @@ def test_a_seed_variant_is_compared_with_the_run_it_varies(tmp_path):
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
     text = "\n".join(report.seed_workload_section(root))
     assert f"| {variant} |" in text and f"| {base} |" in text
-    (line,) = [x for x in text.splitlines() if x.startswith(f"- `{variant}` against `{base}`")]
+    (line,) = [x for x in text.splitlines()  # the steps 2.. line (a copy also has the same step 1: a line of its own)
+               if x.startswith(f"- `{variant}` against `{base}`") and "tokens, response mean" not in x]
     assert f"(`{base}` 2.00x the variant's)" in line and "(+0%)" in line  # step_s is the copied summary's
     tokens = report.update_tokens_per_s(json.loads((runs / base / "metrics.json").read_text()))
     assert f"against {tokens:.0f} tokens/s" in line
+
+
+def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(tmp_path):
+    """The padded variant and arm 1's lr-0 rerun processed the same tokens at step 1 (their rollouts come before any
+    update): one line compares their update speed there and says whether the 1.3x remove-padding target is met.
+    A step 1 with other tokens is a different sample, and no line compares it."""
+    import json
+
+    root = _git_repo(tmp_path)
+    runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+    variant, rerun = "h200-seed-1-fixes-hostadamw-padded-tok12288", "h200-seed-1-fixes-hostadamw.session10-lr0"
+    for name in ("h200-seed-1-fixes-hostadamw", variant, rerun):
+        shutil.copytree(runs / name, root / "05_grpo_qwen3_4b" / name)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    first = [json.loads((runs / n / "metrics.json").read_text())["steps"][0] for n in (variant, rerun)]
+    speed = [s["perf/total_num_tokens"] / s["timing_s/update_actor"] for s in first]
+    (line,) = [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
+    assert f"update_actor {speed[0]:.0f} against {speed[1]:.0f} tokens/s" in line
+    assert f"{speed[1] / speed[0]:.2f}x the variant's" in line and line.endswith("target 1.3x: met.")
+
+    metrics_file = root / "05_grpo_qwen3_4b" / rerun / "metrics.json"
+    metrics = json.loads(metrics_file.read_text())
+    metrics["steps"][0]["perf/total_num_tokens"] *= 1.01
+    metrics_file.write_text(json.dumps(metrics))
+    assert not [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
