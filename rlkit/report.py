@@ -299,9 +299,24 @@ def _variant_lines(loaded: dict[str, dict]) -> list[str]:
         change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
         out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
                    f"(`{base}` {fmt(ratio, '.2f')}x the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
-                   + _padding_target(m, loaded[base], ratio))
+                   + _padding_target(m, loaded[base], ratio) + _planner_at_base_tokens(m, loaded[base]))
     return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
         if out else []
+
+
+def _planner_at_base_tokens(variant: dict, base: dict) -> str:
+    """For a variant run at fewer tokens per micro-batch than its base: the planner's verdict for the variant's own
+    overrides at the base's tokens (why the variant runs smaller)."""
+    from rlkit.grpo import planner_for_run
+
+    key, field = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu"
+    tokens = base["recipe"][field]
+    if variant["recipe"][field] >= tokens:
+        return ""
+    at_base = {**variant, "recipe": {**variant["recipe"], field: tokens},
+               "overrides": [f"{key}={tokens}" if o.startswith(key + "=") else o for o in variant["overrides"]]}
+    planned = planner_for_run(at_base)
+    return f" The planner for the variant at {tokens:,} tokens: {planned[2].verdict} ({planned[2].reason})." if planned else ""
 
 
 def _first_step(metrics: dict) -> dict | None:

@@ -190,6 +190,9 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     (line,) = [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
     assert f"update_actor {speed[0]:.0f} against {speed[1]:.0f} tokens/s" in line
     assert f"{speed[1] / speed[0]:.2f}x the variant's" in line and line.endswith("target 1.3x: met.")
+    (steps_line,) = [x for x in report.seed_workload_section(root)
+                     if x.startswith(f"- `{variant}` against `h200-seed-1-fixes-hostadamw`:")]
+    assert "The planner for the variant at 24,576 tokens: OOM in update_fwd_bwd" in steps_line  # why it ran at 12,288
 
     metrics_file = root / "05_grpo_qwen3_4b" / rerun / "metrics.json"
     metrics = json.loads(metrics_file.read_text())
