@@ -359,9 +359,11 @@ def _pct(value) -> str:
 
 
 def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
-    """Notebook 05's trained arms, each phase against its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
+    """Notebook 05's runs with steps 2.. measured (those that trained, and those that failed later), each phase against
+    its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
     from rlkit.env import gpu_name, read_saved
-    from rlkit.grpo import limits_row, outcome, phase_limits
+    from rlkit.grpo import limits_row, phase_limits
+    from rlkit.verl_logs import training_steps
 
     arms, commits = committed_arms(root)
     seed_arms, seed_commits = committed_arms(root, prefix=SEED_PREFIX)
@@ -369,13 +371,13 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     rows = []
     for name, m in arms.items():
         gpu = gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))
-        if outcome(m).startswith("trained"):
+        if len(training_steps(m.get("steps", []))) >= 2:
             rows.append((name, limits_row(name, phase_limits(m, gpu))))
     if not rows:
-        return ["*05_grpo_qwen3_4b: no trained arm committed yet.*"]
+        return ["*05_grpo_qwen3_4b: no committed arm has trained two steps yet.*"]
     header = ("| arm | commit | tokens/seq (real / computed) | update_actor s | MFU | hardware FLOPs | host optimizer step s "
               "(of PCIe) | update_weights s (of PCIe) | gen s (of standalone vLLM) | old_log_prob s (MFU) | between phases (of step) |")
-    lines = ["**Each phase against its limit** (notebook 05's trained arms; means over steps 2..; `rlkit.roofline`: model "
+    lines = ["**Each phase against its limit** (notebook 05's runs that trained two steps or more; means over steps 2..; `rlkit.roofline`: model "
              "FLOPs of the real tokens, fwd + bwd, against the GPU's dense bf16 peak (H200: 989 TFLOP/s, data sheet); "
              "hardware FLOPs add the checkpoint recompute and the padding; the host optimizer step and the weight sync "
              "against the node's pinned copy rate (`outputs/02_host_adamw/h200/metrics.json`); gen against a standalone vLLM "
