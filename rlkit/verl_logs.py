@@ -288,9 +288,11 @@ def find_failure(text: str, context: int = 80) -> dict[str, Any] | None:
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
 _OOM_FIXES = {
     "update_actor": "fewer tokens per update micro-batch (actor.ppo_max_token_len_per_gpu, or micro_batch_size_per_gpu "
-                    "without dynamic batching), gradient checkpointing, and the rlkit options that shrink the update "
-                    "(HostAdamW, master_on_host + cast_once, chunked_logprobs); `rlkit preflight --gpu-gib` shows the "
-                    "planner's update phase",
+                    "without dynamic batching), gradient checkpointing, remove-padding if the run pads (model."
+                    "use_remove_padding=True, with attn_implementation rlkit_varlen where flash-attn is missing: a padded "
+                    "micro-batch holds every sequence at its longest one's length), and the rlkit options that shrink "
+                    "the update (HostAdamW, master_on_host + cast_once, chunked_logprobs); `rlkit preflight --gpu-gib` "
+                    "shows the planner's update phase",
     "old_log_prob": "fewer tokens per log-prob micro-batch (rollout.log_prob_max_token_len_per_gpu), or skip the pass "
                     "when fully on-policy (the skip_old_logprob patch)",
     "ref": "fewer tokens per reference micro-batch (ref.log_prob_max_token_len_per_gpu), or offload the reference",
