@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +263,13 @@ def planner_for_run(metrics: dict[str, Any]):
     card = recipe.emulate_gpu_gib or recipe.planner_gpu_gib
     # the random-init model's folder was written on the node: a stand-in gives the planner its preset's shapes and
     # the synthetic length model's mean (padded positions depend on it)
-    with _local_model_overrides(recipe, metrics["overrides"]) as (overrides, _):
+    with _local_model_overrides(recipe, metrics["overrides"]) as (overrides, stand_in):
         spec = preflight.planner_spec_for_overrides(overrides, recipe.active_patches, gpu_gib=card)
-        return None if spec is None else (card, spec, budget.plan(spec))
+        if spec is None:
+            return None
+        plan = budget.plan(spec)
+    # the stand-in folder is gone now: the spec names the preset whose shapes it held
+    return card, (replace(spec, model=recipe.model) if stand_in else spec), plan
 
 
 def planner_check(metrics: dict[str, Any], planned=None) -> dict[str, Any] | None:
