@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlkit import data, models, offline_model, reward
+from rlkit import learning_curves as LC
 from rlkit import params as P
 from rlkit import recipe as R
 from rlkit.experiments import learning as L
@@ -184,7 +185,7 @@ def _runs(r1, comp, r2):
 
 def test_analysis_passes_when_every_run_learns_alike():
     wiggle = [v + (0.01 if i % 2 else -0.01) for i, v in enumerate(RISING)]
-    a = L.analyze(_runs(RISING, [v + 0.005 for v in RISING], wiggle), **CRITERIA)
+    a = LC.analyze(_runs(RISING, [v + 0.005 for v in RISING], wiggle), **CRITERIA)
     first, last = sum(RISING[:5]) / 5, sum(RISING[-5:]) / 5
     assert a["per_run"][f"{BASE}.r1"]["reward_first"] == pytest.approx(first)
     assert a["per_run"][f"{BASE}.r1"]["gain"] == pytest.approx(last - first) and a["per_run"][f"{BASE}.r1"]["learned"]
@@ -196,7 +197,7 @@ def test_analysis_passes_when_every_run_learns_alike():
 
 def test_a_flat_curve_is_reported_as_not_learning():
     flat = [0.01] * 40
-    a = L.analyze(_runs(flat, flat, flat), **CRITERIA)
+    a = LC.analyze(_runs(flat, flat, flat), **CRITERIA)
     assert all(r["learned"] is False and r["gain"] == 0.0 for r in a["per_run"].values())
     assert a["compare"]["within_noise"]  # three flat curves agree, and still nothing learned
     assert a["verdict"]["all_learned"] is False and not a["verdict"]["passed"]
@@ -204,11 +205,11 @@ def test_a_flat_curve_is_reported_as_not_learning():
 
 
 def test_an_arm_outside_the_repeats_noise_fails():
-    a = L.analyze(_runs(RISING, [0.01] * 40, [v + 0.002 for v in RISING]), **CRITERIA)
+    a = LC.analyze(_runs(RISING, [0.01] * 40, [v + 0.002 for v in RISING]), **CRITERIA)
     assert a["per_run"][f"{COMP}.r1"]["learned"] is False
     assert a["compare"]["mean_distance"] > a["compare"]["threshold"] and a["compare"]["within_noise"] is False
     assert not a["verdict"]["passed"]
-    lower = L.analyze(_runs(RISING, [v - 0.1 for v in RISING], RISING), **CRITERIA)
+    lower = LC.analyze(_runs(RISING, [v - 0.1 for v in RISING], RISING), **CRITERIA)
     assert lower["per_run"][f"{COMP}.r1"]["learned"] and lower["compare"]["within_noise"] is False  # learns, less
     assert lower["compare"]["last_window_difference"] == pytest.approx(-0.1)
     assert lower["noise"]["curve_distance"] == 0.0 and lower["compare"]["threshold"] == 0.02  # identical repeats: floor
@@ -216,7 +217,7 @@ def test_an_arm_outside_the_repeats_noise_fails():
 
 def test_one_step_outside_the_band_fails_though_the_mean_distance_is_within():
     jump = [v + (0.3 if i == 20 else 0.0) for i, v in enumerate(RISING)]
-    a = L.analyze(_runs(RISING, jump, [v + 0.01 for v in RISING]), **CRITERIA)
+    a = LC.analyze(_runs(RISING, jump, [v + 0.01 for v in RISING]), **CRITERIA)
     assert a["compare"]["within_noise"] and a["compare"]["mean_distance"] < a["compare"]["threshold"]
     steps = a["compare"]["per_step"]
     assert steps["steps"] == 40 and steps["within_band"] == 39 and steps["in_range"] == 39  # it equals r1 elsewhere
@@ -227,47 +228,47 @@ def test_one_step_outside_the_band_fails_though_the_mean_distance_is_within():
 
 def test_per_step_band_counts_the_range_and_the_band_at_each_step():
     r1, r2 = [[1, 0.1], [2, 0.2], [3, 0.3]], [[1, 0.12], [2, 0.2], [3, 0.3]]
-    band = L.per_step_band([[1, 0.13], [2, 0.2], [3, 0.5]], [r1, r2], noise_factor=2.0, noise_floor=0.02)
+    band = LC.per_step_band([[1, 0.13], [2, 0.2], [3, 0.5]], [r1, r2], noise_factor=2.0, noise_floor=0.02)
     assert band["steps"] == 3 and band["in_range"] == 1 and band["within_band"] == 2  # step 1: outside the range, in
     assert band["worst"] == {"step": 3, "difference": pytest.approx(0.2), "band": 0.02, "in_range": False,
                              "within_band": False}
-    assert L.per_step_band(r1, [r1], noise_factor=2.0, noise_floor=0.02) is None  # one repeat: no spread
+    assert LC.per_step_band(r1, [r1], noise_factor=2.0, noise_floor=0.02) is None  # one repeat: no spread
 
 
 def test_entropy_collapse_is_the_first_step_at_one_percent_of_the_first():
-    assert L.entropy_collapse([[1, 8.0], [2, 1.0], [3, 0.08], [4, 0.01]]) == 3
-    assert L.entropy_collapse([[1, 8.0], [2, 7.0]]) is None and L.entropy_collapse([]) is None
+    assert LC.entropy_collapse([[1, 8.0], [2, 1.0], [3, 0.08], [4, 0.01]]) == 3
+    assert LC.entropy_collapse([[1, 8.0], [2, 7.0]]) is None and LC.entropy_collapse([]) is None
 
 
 def test_the_analysis_before_the_collapse_reads_only_the_steps_before_it():
     runs = _runs(RISING, RISING, RISING)
     for i, step in enumerate(runs[f"{BASE}.r2"]["steps"]):
         step["actor/entropy"] = 8.0 if i < 14 else 0.05  # step 15: below 1% of step 1's
-    a = L.analyze(runs, **CRITERIA)
+    a = LC.analyze(runs, **CRITERIA)
     assert a["per_run"][f"{BASE}.r2"]["entropy_collapsed_at"] == 15 and a["per_run"][f"{BASE}.r1"]["entropy_collapsed_at"] is None
-    before = L.analyze_before_collapse(runs, a)
+    before = LC.analyze_before_collapse(runs, a)
     assert before["last_step"] == 14 and before["criteria"] == a["criteria"]
     assert {r["steps_trained"] for r in before["per_run"].values()} == {14}
     assert before["per_run"][f"{BASE}.r1"]["reward_last"] == pytest.approx(sum(RISING[9:14]) / 5)
-    assert L.analyze_before_collapse(_runs(RISING, RISING, RISING), L.analyze(_runs(RISING, RISING, RISING), **CRITERIA)) is None
+    assert LC.analyze_before_collapse(_runs(RISING, RISING, RISING), LC.analyze(_runs(RISING, RISING, RISING), **CRITERIA)) is None
 
 
 def test_runs_without_steps_give_no_verdict():
-    a = L.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
+    a = LC.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
     assert a["per_run"] == {} and a["compare"] is None
     assert a["verdict"] == {"runs_analyzed": 0, "baseline_runs": 0, "compare_runs": 0, "all_learned": None,
                             "compare_within_noise": None, "compare_every_step_within_band": None, "passed": False}
-    short = L.analyze(_runs(RISING[:6], RISING[:6], RISING[:6]), **CRITERIA)  # fewer than 2 x window steps
+    short = LC.analyze(_runs(RISING[:6], RISING[:6], RISING[:6]), **CRITERIA)  # fewer than 2 x window steps
     assert all(r["learned"] is None for r in short["per_run"].values()) and not short["verdict"]["passed"]
 
 
 def test_curves_come_from_the_trained_steps():
     steps = [{"step": 0, "val/score": 0.0}, *_steps([0.1, 0.2])]
-    c = L.curves(steps)
+    c = LC.curves(steps)
     assert c["reward"] == [[1, 0.1], [2, 0.2]] and c["entropy"] == [[1, 8.0], [2, pytest.approx(7.9)]]
-    assert set(c) == set(L.CURVES)
-    assert L.curve_distance([[1, 0.1], [2, 0.3]], [[2, 0.1], [3, 0.0]]) == pytest.approx(0.2)
-    assert L.curve_distance([[1, 0.1]], [[2, 0.1]]) is None
+    assert set(c) == set(LC.CURVES)
+    assert LC.curve_distance([[1, 0.1], [2, 0.3]], [[2, 0.1], [3, 0.0]]) == pytest.approx(0.2)
+    assert LC.curve_distance([[1, 0.1]], [[2, 0.1]]) is None
 
 
 # ------------------------------------------------------------------------------------------ the experiment
@@ -284,7 +285,7 @@ def _metrics(analysis, runs, launched=True):
             "data": {"rows": 3, "source": "synthetic"}, "model": {"parameters": 30_681_728}, "probe": None,
             "plan": [{"run": n, "arm": r["arm"]} for n, r in runs.items()], "pending": [], "launched": launched,
             "launch_reason": "no GPU", "analysis": analysis,
-            "runs": {n: {"arm": r["arm"]} for n, r in runs.items()}, "curves": {n: L.curves(r["steps"]) for n, r in runs.items()}}
+            "runs": {n: {"arm": r["arm"]} for n, r in runs.items()}, "curves": {n: LC.curves(r["steps"]) for n, r in runs.items()}}
 
 
 @pytest.mark.parametrize("profile", ["tiny", "h200"])
@@ -412,7 +413,7 @@ def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):
 
 def test_describe_and_figures_read_only_metrics():
     runs = _runs(RISING, RISING, RISING)
-    metrics = _metrics(L.analyze(runs, **CRITERIA), runs)
+    metrics = _metrics(LC.analyze(runs, **CRITERIA), runs)
     text = L.describe(metrics)
     assert "learns" in text and "within the noise" in text and "30,681,728 parameters" in text
     assert "No run was launched: no GPU" in L.describe({**metrics, "launched": False})

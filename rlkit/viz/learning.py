@@ -1,7 +1,7 @@
 """Notebook 07's figures and explorer: the runs' curves, and the analysis re-run with the criteria a reader picks.
 
 The verdict of :mod:`rlkit.experiments.learning` rests on choices (the window, the noise factor and floor, the
-steps it reads). :func:`reanalyze` runs the same :func:`~rlkit.experiments.learning.analyze` on the saved step
+steps it reads). :func:`reanalyze` runs the same :func:`~rlkit.learning_curves.analyze` on the saved step
 records with other choices, for example only the steps before the entropy collapsed, and :func:`draw` shows the
 picked curve, the band the compared arm is held to, and what the analysis then says. Nothing is measured again.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlkit.experiments import learning as L
+from rlkit import learning_curves as LC
 from rlkit.results import fmt
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
@@ -49,23 +49,23 @@ def _add_curves(fig, metrics, curve, row=None, col=None, legend=True) -> None:
 
 def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, noise_floor: float,
               last_step: int) -> dict[str, Any]:
-    """:func:`~rlkit.experiments.learning.analyze` over each run's steps up to ``last_step``, with these criteria
+    """:func:`~rlkit.learning_curves.analyze` over each run's steps up to ``last_step``, with these criteria
     (the arms and ``min_gain`` as the experiment had them)."""
     criteria = metrics["analysis"]["criteria"]
-    runs = L.up_to({name: {"arm": metrics["runs"][name]["arm"], "steps": steps}
+    runs = LC.up_to({name: {"arm": metrics["runs"][name]["arm"], "steps": steps}
                     for name, steps in metrics["steps"].items()}, last_step)
-    return L.analyze(runs, baseline_arm=criteria["baseline_arm"], compare_arm=criteria["compare_arm"], window=window,
+    return LC.analyze(runs, baseline_arm=criteria["baseline_arm"], compare_arm=criteria["compare_arm"], window=window,
                      min_gain=criteria["min_gain"], noise_factor=noise_factor, noise_floor=noise_floor)
 
 
 def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float, last_step: int) -> None:
-    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.experiments.learning.baseline_band`),
+    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.learning_curves.baseline_band`),
     shaded (translucent, over the runs' lines)."""
     base_arm = metrics["analysis"]["criteria"]["baseline_arm"]
     base = [c["reward"] for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]
     if len(base) < 2:
         return
-    bands = {s: b for s, b in L.baseline_band(base, noise_factor=noise_factor, noise_floor=noise_floor).items()
+    bands = {s: b for s, b in LC.baseline_band(base, noise_factor=noise_factor, noise_floor=noise_floor).items()
              if s <= last_step}
     steps = list(bands)
     mean, band = [b[2] for b in bands.values()], [b[3] for b in bands.values()]
@@ -114,7 +114,7 @@ def learning_explorer(metrics: dict[str, Any]) -> Explorer:
     criteria = metrics["analysis"]["criteria"]
     steps = max((s.get("step", 0) for per_run in metrics["steps"].values() for s in per_run), default=0)
     controls = {
-        "curve": W.Dropdown(options=list(L.CURVES), value="reward", description="curve"),
+        "curve": W.Dropdown(options=list(LC.CURVES), value="reward", description="curve"),
         "last_step": W.IntSlider(value=steps, min=2, max=max(steps, 2), description="steps read"),
         "window": W.IntSlider(value=criteria["window"], min=1, max=max(steps // 2, 1), description="window"),
         "noise_factor": W.FloatSlider(value=criteria["noise_factor"], min=0.5, max=5.0, step=0.5,
