@@ -9,8 +9,8 @@
 # Jobs (issue in brackets):
 #   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
 #   learning          notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
-#   profile-overlap   one update profiled with HostAdamW's overlapped copies, after their GPU bit-identity test (24)
-#   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, after their GPU tests (24)
+#   profile-overlap   one update profiled with HostAdamW's overlapped copies, then their GPU bit-identity test (24)
+#   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then their GPU tests (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
