@@ -254,15 +254,19 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                     "for that reason (`nbs/params/05_grpo_qwen3_4b.h200-seed.yaml` says why)."]
 
 
+def _update_tokens_per_s(steps: list[dict]) -> float | None:
+    """Tokens the update processed per second of update_actor over ``steps`` (those that logged both)."""
+    steps = [s for s in steps if s.get("perf/total_num_tokens") and s.get("timing_s/update_actor")]
+    if not steps:
+        return None
+    return sum(s["perf/total_num_tokens"] for s in steps) / sum(s["timing_s/update_actor"] for s in steps)
+
+
 def update_tokens_per_s(metrics: dict) -> float | None:
     """Tokens the update processed per second of update_actor over a run's averaged steps (steps 2..)."""
     from rlkit.verl_logs import averaged_steps
 
-    steps = [s for s in averaged_steps(metrics.get("steps", []))
-             if s.get("perf/total_num_tokens") and s.get("timing_s/update_actor")]
-    if not steps:
-        return None
-    return sum(s["perf/total_num_tokens"] for s in steps) / sum(s["timing_s/update_actor"] for s in steps)
+    return _update_tokens_per_s(averaged_steps(metrics.get("steps", [])))
 
 
 # issue 23: the remove-padding arm's update_actor at least this many times the padded arm's tokens per second
@@ -298,7 +302,7 @@ def _variant_lines(loaded: dict[str, dict]) -> list[str]:
         ratio = theirs / ours if ours and theirs else None
         change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
         out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
-                   f"(`{base}` {fmt(ratio, '.2f')}x the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
+                   f"(`{base}` {f'{ratio:.2f}x' if ratio else '-'} the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
                    + _padding_target(m, loaded[base], ratio) + _planner_at_base_tokens(m, loaded[base]))
     return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
         if out else []
@@ -319,12 +323,13 @@ def _planner_at_base_tokens(variant: dict, base: dict) -> str:
     return f" The planner for the variant at {tokens:,} tokens: {planned[2].verdict} ({planned[2].reason})." if planned else ""
 
 
-def _first_step(metrics: dict) -> dict | None:
+def _first_step(metrics: dict) -> tuple[dict, float] | None:
+    """A run's step 1 and its update tokens per second (None without them)."""
     from rlkit.verl_logs import training_steps
 
-    steps = training_steps(metrics.get("steps", []))
-    first = steps[0] if steps else {}
-    return first if first.get("perf/total_num_tokens") and first.get("timing_s/update_actor") else None
+    first = training_steps(metrics.get("steps", []))[:1]
+    speed = _update_tokens_per_s(first)
+    return (first[0], speed) if speed else None
 
 
 def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
@@ -334,19 +339,21 @@ def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
     the same. Step 1 carries the one-off start-up of each phase on both sides."""
     out = []
     for name, m in loaded.items():
-        base, ours = _varied_run(name, loaded), _first_step(m)
-        if base is None or ours is None:
+        base, first = _varied_run(name, loaded), _first_step(m)
+        if base is None or first is None:
             continue
+        ours, our_speed = first
         for other in (n for n in loaded if n == base or n.startswith(base + ".session")):
-            theirs = _first_step(loaded[other])
-            tokens = (ours["perf/total_num_tokens"], theirs["perf/total_num_tokens"]) if theirs else (0, 0)
-            if not theirs or abs(tokens[0] / tokens[1] - 1) > SAME_SAMPLE_TOLERANCE:
+            if (found := _first_step(loaded[other])) is None:
                 continue
-            speed = [t / s["timing_s/update_actor"] for t, s in zip(tokens, (ours, theirs))]
-            ratio = speed[1] / speed[0]
+            theirs, their_speed = found
+            tokens = ours["perf/total_num_tokens"], theirs["perf/total_num_tokens"]
+            if abs(tokens[0] / tokens[1] - 1) > SAME_SAMPLE_TOLERANCE:
+                continue
+            ratio = their_speed / our_speed
             out.append(f"- `{name}` against `{other}` ({tokens[0]:,.0f} and {tokens[1]:,.0f} tokens, response mean "
                        f"{ours['response_length/mean']:.0f} and {theirs['response_length/mean']:.0f}): update_actor "
-                       f"{speed[0]:.0f} against {speed[1]:.0f} tokens/s (`{other}` {ratio:.2f}x the variant's), "
+                       f"{our_speed:.0f} against {their_speed:.0f} tokens/s (`{other}` {ratio:.2f}x the variant's), "
                        f"old_log_prob {ours['timing_s/old_log_prob']:.1f} against {theirs['timing_s/old_log_prob']:.1f} s, "
                        f"step {ours['timing_s/step']:.1f} against {theirs['timing_s/step']:.1f} s."
                        + _padding_target(m, loaded[other], ratio))
