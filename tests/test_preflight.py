@@ -341,12 +341,6 @@ def test_padded_positions_follow_the_models_length_model(tmp_path):
     assert spec.mean_response_tokens == pytest.approx(expected) and not spec.remove_padding
 
 
-def _with_tokens(overrides, tokens, remove_padding):
-    swap = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": tokens, "actor_rollout_ref.model.use_remove_padding":
-            remove_padding}
-    return [f"{o.split('=', 1)[0]}={swap[o.split('=', 1)[0]]}" if o.split("=", 1)[0] in swap else o for o in overrides]
-
-
 def test_a_padded_plan_with_little_headroom_is_a_warning():
     """Arm 1 padded at 12,288 tokens per micro-batch: the planner fits it with 0.69 GiB to spare, and the run ran
     out of the card at step 3. Padded and under 5% of headroom is a warning naming the two fixes; with more
@@ -361,7 +355,9 @@ def test_a_padded_plan_with_little_headroom_is_a_warning():
     recipe = params.build(GRPORecipe, dict(run["recipe"]))
     with grpo._local_model_overrides(recipe, run["overrides"]) as (overrides, _):
         def planner(tokens, remove_padding):
-            (finding,) = by_check(PF.check_overrides(_with_tokens(overrides, tokens, remove_padding),
+            changed = [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",  # a later override wins
+                       f"actor_rollout_ref.model.use_remove_padding={remove_padding}"]
+            (finding,) = by_check(PF.check_overrides(overrides + changed,
                                                      active_patches=list(recipe.active_patches), gpu_gib=47.4,
                                                      env={}, ray_version="2.60.0"), "planner")
             return finding
