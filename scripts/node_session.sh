@@ -3,14 +3,17 @@
 # ROOT/DONE, which it writes last (a file test always matches; a process pattern may not):
 #   setsid nohup scripts/node_session.sh /tmp/s resume-test learning profile-overlap > /tmp/s.log 2>&1 &
 #   ... later calls: cat /tmp/s/progress.txt; test -e /tmp/s/DONE
-# Needs the bundle on PYTHONPATH for every job but profile-overlap (docs/offline-node.md); set RLKIT_GIT_SHA when the
+# Needs the bundle on PYTHONPATH for every job but the profile-* ones (docs/offline-node.md); set RLKIT_GIT_SHA when the
 # tree is a copy without .git. Each job writes ROOT/<job>/ (its own progress.txt and consoles); ROOT/progress.txt has
 # each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
 # Jobs (issue in brackets):
 #   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
 #   learning          notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
-#   profile-overlap   one update profiled with HostAdamW's overlapped copies, then their GPU bit-identity test (24)
-#   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then their GPU tests (24)
+#   profile-base      one update profiled with neither lever, the same commit's base for the two below (24)
+#   profile-overlap   one update profiled with HostAdamW's overlapped copies (24)
+#   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
+#                     levers and of the profiler (24)
+#   profile-levers    one update profiled with both levers (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
@@ -31,7 +34,11 @@ set_job() {  # cmd=(the command of job $2), its results under $1
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
-    profile-overlap) cmd=(scripts/node_update_profile.sh "$dir" -p overlap_copies=true --tag h200-overlap) ;;
+    profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag h200-base) ;;
+    profile-overlap) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
+                          --tag h200-overlap) ;;
+    profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
+                         -p rmsnorm=compiled -p pointwise=compiled --tag h200-levers) ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag h200-compiled) ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;

@@ -13,7 +13,8 @@
 # Writes <root>/gpu_tests.log, <root>/update_profile.console.log,
 # <root>/update_profile/<tag>/{params.yaml,env.json,metrics.json,trace.json.gz,SUMMARY.md} (tag: h200 unless given),
 # progress lines in <root>/progress.txt.
-# Exit status: the tests' if they failed, else the profile's.
+# Exit status: the tests' if they failed, else the profile's. RLKIT_PROFILE_ONLY=1 takes the profile alone (a second
+# profile in the same lease: the tests do not depend on the profile's parameters, so one run of them is enough).
 set -u
 root=${1:-${OUT:?give a results root or set OUT}}
 [ $# -gt 0 ] && shift
@@ -22,6 +23,7 @@ cd "$(dirname "$0")/.." || exit 1
 source scripts/node_lib.sh
 run_in_session update_profile python3 -m rlkit.experiments.update_profile --profile h200 --out "$root" "$@"
 profiled=$(grep -c '^results: ' "$root/update_profile.console.log")
+[ "${RLKIT_PROFILE_ONLY:-0}" = 1 ] && { [ "$profiled" -eq 1 ]; exit $?; }
 log "gpu tests start"
 python3 -m pytest tests/test_trace_summary.py tests/test_update_profile.py::test_tiny_model_on_the_gpu -v -rA \
     tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu \
