@@ -4,8 +4,8 @@ Every number in those blocks comes from files git tracks under ``outputs/`` (a l
 ``tiny/`` folders ``make demo`` writes, is never read). ``python -m rlkit.report --write`` rewrites each block
 between its markers in every file of ``DOCS``; ``python -m rlkit.report --check`` exits 1 naming the files whose
 blocks disagree with the committed metrics, and so does a test. The single-notebook sections (01-04, 07 and the
-deterministic reruns) are :mod:`rlkit.report_notebooks`'; this module has notebook 05's arms, the seed workload,
-the limits and the update profile, and writes the blocks.
+deterministic reruns) are :mod:`rlkit.report_notebooks`', the update profiles :mod:`rlkit.report_profile`'; this
+module has notebook 05's arms, the seed workload and the limits, and writes the blocks.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from rlkit.env import REPO_ROOT
 from rlkit.report_notebooks import SECTIONS, determinism_section, learning_section, load_committed, run_commit
-from rlkit.results import OUTPUTS_DIR, committed_runs, fmt
+from rlkit.report_profile import update_profile_section
+from rlkit.results import OUTPUTS_DIR, committed_runs, fmt, pct
 
 
 def _planner_cell(check: dict | None) -> str:
@@ -361,10 +362,6 @@ def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
             f"{SAME_SAMPLE_TOLERANCE:.1%}; step 1 includes each phase's one-off start-up on both sides):", *out] if out else []
 
 
-def _pct(value) -> str:
-    return "-" if value is None else f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
-
-
 def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """Notebook 05's runs with steps 2.. measured (those that trained, and those that failed later), each phase against
     its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
@@ -392,81 +389,12 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
              "`rlkit.roofline.vllm_ceiling`), `-` where none is committed):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, r in rows:
         lines.append(f"| {name} | {commits[name]} | {fmt(r['tokens_real'], 'd')} / {fmt(r['tokens_computed'], 'd')} | "
-                     f"{fmt(r['update_actor_s'])} | {_pct(r['update_actor_fraction'])} | "
-                     f"{_pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
-                     f"({_pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
-                     f"({_pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} ({_pct(r.get('gen_fraction'))}) | "
+                     f"{fmt(r['update_actor_s'])} | {pct(r['update_actor_fraction'])} | "
+                     f"{pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
+                     f"({pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
+                     f"({pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} ({pct(r.get('gen_fraction'))}) | "
                      f"{fmt(r['old_log_prob_s'], '.2f')} "
-                     f"({_pct(r['old_log_prob_fraction'])}) | {_pct(r['between_phases_share'])} |")
-    return lines
-
-
-def update_profile_section(root: Path = OUTPUTS_DIR) -> list[str]:
-    """One update of the actor profiled (``outputs/update_profile/<tag>/metrics.json``, rlkit.experiments.update_profile):
-    where its time goes, and what the MFU target of issue 24 (40 %) would need, every number from the file."""
-    folders = sorted(p.parent for p in (root / "update_profile").glob("*/metrics.json"))
-    if not folders:
-        return ["*update_profile: no committed profile yet.*"]
-    lines = []
-    for folder in folders:
-        m = json.loads((folder / "metrics.json").read_text())
-        w, f, t, s = m["workload"], m["flops"], m["timing"], m["summary"]
-        dev, idle = s["device"], s["idle_gaps"]["by_region"]
-        wall = t["timed"][0]["seconds"]
-        copies = s["host_syncs"]["copies"]
-        pcie = {k: copies[k]["bytes"] / (copies[k]["ms"] / 1e3) / 1e9 for k in ("DtoH", "HtoD") if copies.get(k)}
-        at_target = f["model_flops"] / (0.40 * f["peak_bf16_flops"])
-        lines += [
-            f"**One update profiled** (`outputs/update_profile/{folder.name}/`, {m['device']}): {m['model']['preset']} "
-            f"({m['model']['params'] / 1e9:.2f}B, {m['model']['wrap']}, {m['model']['optimizer']}, "
-            f"{m['model']['attn_implementation']}), {w['micro_batches']} micro-batches, {w['tokens']:,} tokens "
-            f"(sequences of mean {w['sequence_tokens_mean']:.0f}, max {w['sequence_tokens_max']:,}).", "",
-            f"- {wall:.2f} s for {f['model_flops'] / 1e15:.2f} PFLOP of model FLOPs: {_pct(f['mfu_timed'])} MFU "
-            f"({_pct(f['hardware_fraction_timed'])} counting the checkpoint recompute, which is "
-            f"{_pct(1 - f['model_flops'] / f['hardware_flops'])} of the FLOPs the GPU computes). At the dense bf16 "
-            f"peak it would take {f['limit_s']:.2f} s; at 40% MFU, {at_target:.2f} s.",
-            f"- The GPU is busy {_pct(dev['busy_fraction'])} of the update; of its {dev['idle_ms'] / 1e3:.2f} s idle, "
-            f"{idle.get('optimizer_step', {}).get('ms', 0) / 1e3:.2f} s fall in the optimizer step (the host's AdamW "
-            f"between the gradients' copy down and the parameters' copy up) and "
-            f"{idle.get('micro_batch*', {}).get('ms', 0) / 1e3:.2f} s in the micro-batches. Busy time alone runs at "
-            f"{_pct(f['mfu_busy'])} MFU: idle time is not what keeps the update from 40%.",
-            "- The copies: " + ", ".join(f"{k} {copies[k]['bytes'] / 1e9:.1f} GB in {copies[k]['ms'] / 1e3:.2f} s "
-                                         f"({pcie[k]:.0f} GB/s)" for k in pcie) + ".",
-            "", "| GPU time by kind | ms | share of kernel time |", "|---|---|---|"]
-        for name, c in sorted(s["categories"].items(), key=lambda kv: -kv[1]["ms"]):
-            lines.append(f"| {name} | {c['ms']:.0f} | {_pct(c['share'])} |")
-        lines += ["", f"GEMMs take {_pct(s['categories']['gemm']['share'])} of the kernel time and elementwise kernels "
-                      f"{_pct(s['categories']['elementwise']['share'])}: 40% MFU needs both fewer FLOPs computed twice "
-                      "(the recompute) and fewer elementwise passes (fused norms, activations, casts), not only the idle "
-                      "time removed; `SUMMARY.md` beside the metrics lists the top kernels, the gaps and the host syncs.", ""]
-        lines += _target_budget(s, f, wall, at_target, idle)
-    return lines[:-1]
-
-
-def _target_budget(s: dict, f: dict, wall: float, at_target: float, idle: dict) -> list[str]:
-    """The profile's kernel time by pass, and what the 40% MFU target would take in seconds (a summary made before
-    the passes were counted has neither)."""
-    passes = s.get("passes")
-    if not passes:
-        return []
-    lines = ["| pass | ms | share of kernel time | elementwise ms |", "|---|---|---|---|"]
-    lines += [f"| {name} | {p['ms']:.0f} | {_pct(p['share'])} | {p['ms_by_category'].get('elementwise', 0):.0f} |"
-              for name, p in passes.items() if p["count"]]
-    optimizer_idle = idle.get("optimizer_step", {}).get("ms", 0) / 1e3
-    without = wall - optimizer_idle - passes["recompute"]["ms"] / 1e3
-    elementwise = sum(passes[p]["ms_by_category"].get("elementwise", 0) for p in ("forward", "backward")) / 1e3
-    short = without - at_target
-
-    def mfu(seconds: float) -> str:
-        return _pct(f["model_flops"] / (seconds * f["peak_bf16_flops"]))
-
-    lines += ["", f"What 40% would take, as bounds from this trace (each removal saving all of its time): without the "
-                  f"optimizer step's idle time ({optimizer_idle:.2f} s, what HostAdamW's overlapped copies go after) and "
-                  f"without the whole recompute ({passes['recompute']['ms'] / 1e3:.2f} s, which the checkpointing trades "
-                  f"for the activations of 24k-token micro-batches), the update would take {without:.2f} s, "
-                  f"{mfu(without)} MFU. Reaching {at_target:.2f} s would need {short:.2f} s more, "
-                  f"{_pct(short / elementwise)} of the forward and backward's {elementwise:.2f} s of elementwise "
-                  "kernels: fused kernels, beyond what removing rlkit's or verl's overhead can give.", ""]
+                     f"({pct(r['old_log_prob_fraction'])}) | {pct(r['between_phases_share'])} |")
     return lines
 
 

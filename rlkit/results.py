@@ -136,6 +136,11 @@ def fmt(value, spec: str = ".1f") -> str:
     """A results-table cell: ``value`` in ``spec``, or ``-`` where there is none."""
     return "-" if value is None else format(value, spec)
 
+
+def pct(value) -> str:
+    """A fraction as a percentage cell: two digits from 10 %, one decimal below; ``-`` where there is none."""
+    return "-" if value is None else f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
+
 # ----------------------------------------------------------------------------------------------
 # committed results: what git tracks under outputs/, never what a local run (`make demo`'s tiny/) left there
 
