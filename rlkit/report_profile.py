@@ -14,6 +14,7 @@ from rlkit.results import OUTPUTS_DIR, fmt, pct
 LEVERS = {"overlap_copies": (False, "overlapped copies"), "rmsnorm": ("eager", "compiled RMSNorm"),
           "pointwise": ("eager", "compiled rotary + SwiGLU")}
 MFU_TARGET = 0.40  # issue 24: update_actor at least 40 % MFU
+COMPARED = ("entropy", "grad_norm")  # what each profile's first update reports, held against its base's
 
 
 def levers_on(config: dict) -> list[str]:
@@ -39,21 +40,42 @@ def base_of(name: str, profiles: dict[str, dict]) -> str | None:
     return same[0] if same else None
 
 
+def _first_update(m: dict) -> dict:
+    """The first update of the profile (its warm-up, from the seed's initial weights, the same in every profile)."""
+    return (m["timing"]["warmup"] or m["timing"]["timed"])[0]
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
 def _against_base(m: dict, base: dict | None) -> str:
-    """The timed update's loss and gradient norm against the base's: bit for bit, or the largest relative change."""
+    """The first update's entropy (the forward alone) and gradient norm (the backward too) against the base's:
+    ``identical`` bit for bit, else the relative difference. (Its loss is the same in every profile: on-policy, the
+    ratio is exactly 1.)"""
     if base is None or base is m:
         return "-"
-    ours, theirs = m["timing"]["timed"][0], base["timing"]["timed"][0]
-    changes = {k: abs(ours[k] - theirs[k]) / abs(theirs[k]) for k in ("loss", "grad_norm")}
-    return "identical" if not any(changes.values()) else ", ".join(f"{k} {v:.1e}" for k, v in changes.items())
+    ours, theirs = _first_update(m), _first_update(base)
+    return ", ".join(f"{k} " + ("identical" if ours[k] == theirs[k] else f"{_relative(ours[k], theirs[k]):.1e}")
+                     for k in COMPARED)
+
+
+def run_to_run(profiles: dict[str, dict]) -> tuple[tuple[str, str], float] | None:
+    """The largest first-update gradient-norm difference between two profiles without levers on the same workload:
+    the same computation run twice, so how far apart a lever's run may land without the lever changing anything."""
+    plain = [n for n, m in profiles.items() if not levers_on(m["config"])]
+    pairs = [((a, b), _relative(_first_update(profiles[a])["grad_norm"], _first_update(profiles[b])["grad_norm"]))
+             for i, a in enumerate(plain) for b in plain[i + 1:]
+             if profiles[a]["workload"]["tokens_per_micro_batch"] == profiles[b]["workload"]["tokens_per_micro_batch"]]
+    return max(pairs, key=lambda p: p[1]) if pairs else None
 
 
 def side_by_side(profiles: dict[str, dict]) -> list[str]:
-    lines = ["**The update's levers side by side** (`outputs/update_profile/<profile>/`; loss and gradient norm of the "
-             "timed update against the profile without levers of the same commit: `identical` is bit for bit, else "
-             "the relative change):", "",
+    lines = ["**The update's levers side by side** (`outputs/update_profile/<profile>/`; the last column holds the "
+             "first update's entropy and gradient norm against the profile without levers of the same commit: "
+             "`identical` is bit for bit, else the relative difference):", "",
              "| profile | commit | levers | update (s) | MFU | GPU busy | optimizer-step idle (s) | elementwise (ms) "
-             "| recompute (ms) | peak alloc. (GiB) | loss, grad norm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| recompute (ms) | peak alloc. (GiB) | entropy, grad norm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in profiles.items():
         s, base = m["summary"], base_of(name, profiles)
         idle = s["idle_gaps"]["by_region"].get("optimizer_step", {}).get("ms", 0) / 1e3
@@ -67,6 +89,13 @@ def side_by_side(profiles: dict[str, dict]) -> list[str]:
     f = profiles[fastest]["flops"]
     gain = (f" ({1 - _wall(profiles[fastest]) / _wall(profiles[base]):.0%} below {base}'s {_wall(profiles[base]):.2f} s "
             "at the same commit)" if base and base != fastest else "")
+    noise = run_to_run(profiles)
+    if noise:
+        (a, b), diff = noise
+        lines += ["", f"Run to run, {a} and {b} (no levers, the same workload) differ by {diff:.1e} in the first "
+                      "update's gradient norm: the profile runs without torch's deterministic algorithms, so differences "
+                      "of that order are not a lever's doing, and a lever's bit identity is its own GPU test's "
+                      "(deterministic mode)."]
     lines += ["", f"The fastest, {fastest}: {_wall(profiles[fastest]):.2f} s{gain}, {pct(f['mfu_timed'])} MFU against "
                   f"the {MFU_TARGET:.0%} target ({f['model_flops'] / (MFU_TARGET * f['peak_bf16_flops']):.2f} s).", ""]
     return lines

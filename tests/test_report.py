@@ -202,9 +202,10 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
 
 
 def test_profiles_go_side_by_side_against_the_base_of_their_commit(tmp_path):
-    """Each lever's profile is held against the profile without levers of its commit and workload: its loss and
-    gradient norm bit for bit or as a relative change, the fastest against its base and the 40% target; a profile of
-    another commit has no base. Only the fastest and its base get the detailed block."""
+    """Each lever's profile is held against the profile without levers of its commit and workload: its first update's
+    entropy and gradient norm bit for bit or as a relative difference, beside the run-to-run difference of two
+    profiles without levers; the fastest against its base and the 40% target; a profile of another commit has no
+    base. Only the fastest and its base get the detailed block."""
     import json
 
     from rlkit import report_profile
@@ -212,26 +213,27 @@ def test_profiles_go_side_by_side_against_the_base_of_their_commit(tmp_path):
     source = OUTPUTS_DIR / "update_profile" / "h200"
     root = tmp_path / "outputs"
 
-    def profile(tag, commit, seconds, loss_scale=1.0, **levers):
+    def profile(tag, commit, seconds, grad_scale=1.0, **levers):
         m = json.loads((source / "metrics.json").read_text())
         m["config"].update(levers)
         m["timing"]["timed"][0]["seconds"] = seconds
-        m["timing"]["timed"][0]["loss"] *= loss_scale
+        m["timing"]["warmup"][0]["grad_norm"] *= grad_scale
         folder = root / "update_profile" / tag
         folder.mkdir(parents=True)
         (folder / "metrics.json").write_text(json.dumps(m))
         (folder / "env.json").write_text(json.dumps({"git_sha": commit * 40}))
 
-    profile("h200", "a", 10.6)
+    profile("h200", "a", 10.6, grad_scale=1.00002)
     profile("h200-base", "b", 10.0)
     profile("h200-overlap", "b", 9.0, overlap_copies=True)
-    profile("h200-compiled", "b", 8.0, loss_scale=1.001, rmsnorm="compiled", pointwise="compiled")
+    profile("h200-compiled", "b", 8.0, grad_scale=1.001, rmsnorm="compiled", pointwise="compiled")
     lines = report_profile.update_profile_section(root)
     rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| h200")}
-    assert rows["h200-overlap"].endswith("| overlapped copies | 9.00 | 22% | 87% | 1.30 | 2766 | 1705 | 42.3 | identical |")
+    assert rows["h200-overlap"].endswith("| overlapped copies | 9.00 | 22% | 87% | 1.30 | 2766 | 1705 | 42.3 | entropy identical, grad_norm identical |")
     assert "| compiled RMSNorm, compiled rotary + SwiGLU | 8.00 |" in rows["h200-compiled"]
-    assert rows["h200-compiled"].endswith("| loss 1.0e-03, grad_norm 0.0e+00 |")
+    assert rows["h200-compiled"].endswith("| entropy identical, grad_norm 1.0e-03 |")
     assert rows["h200"].endswith("| - |") and rows["h200-base"].endswith("| - |")  # no base of another commit; the base
+    assert "Run to run, h200 and h200-base (no levers, the same workload) differ by 2.0e-05" in "\n".join(lines)
     assert "The fastest, h200-compiled: 8.00 s (20% below h200-base's 10.00 s at the same commit)" in "\n".join(lines)
     detailed = [line for line in lines if line.startswith("**One update profiled**")]
     assert [line.split("`")[1] for line in detailed] == ["outputs/update_profile/h200-base/",
