@@ -23,6 +23,9 @@
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
 #   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
 #   seed-compiled     arm 5 at the seed's workload with the compiled RMSNorm, rotary and SwiGLU (24)
+#   seed-arm5         arm 5 alone at the seed's workload: the base of seed-levers at the same commit (24)
+#   seed-levers       arm 5 at the seed's workload with every lever: the overlapped copies (no rank-0 owner on one
+#                     GPU), the compiled RMSNorm, rotary and SwiGLU, and the replay-buffer poll at 0.2 s (24)
 # usage: scripts/node_session.sh ROOT JOB...
 set -u
 root=${1:?give a results root}; shift
@@ -30,7 +33,7 @@ root=${1:?give a results root}; shift
 cd "$(dirname "$0")/.." || exit 1
 
 set_job() {  # cmd=(the command of job $2), its results under $1
-  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) padded
+  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) padded levers
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
@@ -54,6 +57,11 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                     scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-compiled) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled -p pointwise=compiled"
                         RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-arm5) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-levers) levers="-p host_rank0_owner=false -p host_overlap_copies=true -p rmsnorm=compiled"
+                 levers+=" -p pointwise=compiled -p replay_poll_s=0.2"
+                 cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
+                      scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     *) return 1 ;;
   esac
 }

@@ -42,7 +42,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 14
+    assert len(JOBS) == 16
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -63,6 +63,8 @@ def test_every_job_names_what_exists(tmp_path):
         assert set(_params(words)) <= fields, f"{job}: {_params(words)} not all in {sorted(fields)}"
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
+    assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",
+                                                              "pointwise", "replay_poll_s"]
     assert f"runs_dir={tmp_path}/s/learning/runs" in commands["learning"]
 
 
