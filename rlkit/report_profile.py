@@ -32,12 +32,21 @@ def _wall(m: dict) -> float:
     return m["timing"]["timed"][0]["seconds"]
 
 
+def _same_workload(a: dict, b: dict) -> bool:
+    return a["workload"]["tokens_per_micro_batch"] == b["workload"]["tokens_per_micro_batch"]
+
+
 def base_of(name: str, profiles: dict[str, dict]) -> str | None:
     """The profile without levers at ``name``'s commit and on its workload (``name`` itself if it has none on)."""
     m = profiles[name]
     same = [n for n, b in profiles.items() if not levers_on(b["config"]) and b["commit"] == m["commit"]
-            and b["workload"]["tokens_per_micro_batch"] == m["workload"]["tokens_per_micro_batch"]]
+            and _same_workload(b, m)]
     return same[0] if same else None
+
+
+def fastest_and_base(profiles: dict[str, dict]) -> tuple[str, str | None]:
+    fastest = min(profiles, key=lambda n: _wall(profiles[n]))
+    return fastest, base_of(fastest, profiles)
 
 
 def _first_update(m: dict) -> dict:
@@ -66,7 +75,7 @@ def run_to_run(profiles: dict[str, dict]) -> tuple[tuple[str, str], float] | Non
     plain = [n for n, m in profiles.items() if not levers_on(m["config"])]
     pairs = [((a, b), _relative(_first_update(profiles[a])["grad_norm"], _first_update(profiles[b])["grad_norm"]))
              for i, a in enumerate(plain) for b in plain[i + 1:]
-             if profiles[a]["workload"]["tokens_per_micro_batch"] == profiles[b]["workload"]["tokens_per_micro_batch"]]
+             if _same_workload(profiles[a], profiles[b])]
     return max(pairs, key=lambda p: p[1]) if pairs else None
 
 
@@ -84,8 +93,7 @@ def side_by_side(profiles: dict[str, dict]) -> list[str]:
                      f"{pct(m['flops']['mfu_timed'])} | {pct(s['device']['busy_fraction'])} | {idle:.2f} | "
                      f"{s['categories']['elementwise']['ms']:.0f} | {fmt(passes.get('recompute', {}).get('ms'), '.0f')} | "
                      f"{m['timing']['peak_allocated_gib']:.1f} | {_against_base(m, profiles.get(base))} |")
-    fastest = min(profiles, key=lambda n: _wall(profiles[n]))
-    base = base_of(fastest, profiles)
+    fastest, base = fastest_and_base(profiles)
     f = profiles[fastest]["flops"]
     gain = (f" ({1 - _wall(profiles[fastest]) / _wall(profiles[base]):.0%} below {base}'s {_wall(profiles[base]):.2f} s "
             "at the same commit)" if base and base != fastest else "")
@@ -170,8 +178,7 @@ def update_profile_section(root: Path = OUTPUTS_DIR) -> list[str]:
     if not profiles:
         return ["*update_profile: no committed profile yet.*"]
     lines = side_by_side(profiles) if len(profiles) > 1 else []
-    fastest = min(profiles, key=lambda n: _wall(profiles[n]))
-    base = base_of(fastest, profiles)
+    fastest, base = fastest_and_base(profiles)
     for name in dict.fromkeys(n for n in (base, fastest) if n):
         lines += detail(name, profiles[name])
     return lines[:-1]
