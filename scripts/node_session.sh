@@ -14,6 +14,8 @@
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
 #                     levers and of the profiler (24)
 #   profile-levers    one update profiled with both levers (24)
+#   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
+#                     bit, and both timed (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
@@ -44,6 +46,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                          -p rmsnorm=compiled -p pointwise=compiled --tag h200-levers) ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag h200-compiled) ;;
+    gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
     seed-arm1) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;

@@ -42,14 +42,14 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 16
+    assert len(JOBS) == 17
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
     known = {"learning": _fields(learning.Config),
              **{job: _fields(update_profile.Config) for job in JOBS if job.startswith("profile-")},
-             "resume-test": {"no:cacheprovider"}}  # pytest's -p: a plugin, not a parameter
+             **dict.fromkeys(("resume-test", "gqa-test"), {"no:cacheprovider"})}  # pytest's -p: a plugin, not a parameter
     for job, command in commands.items():
         words = shlex.split(command)
         scripts = [w for w in words if w.startswith("scripts/")]
