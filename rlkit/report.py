@@ -247,7 +247,7 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
     lines += _variant_lines(loaded) + _same_sample_lines(loaded)
     drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
                                                for step in training_steps(m.get("steps", [])))
-                      for name, m in loaded.items())
+                      for name, m in loaded.items() if training_steps(m.get("steps", [])))
     return lines + ["", f"Response-length mean per step ({drift}). The random-init model's responses end on EOS after a "
                     "geometric number of tokens whose rate lives in the weights; with a noise reward (`synthetic_hash`) "
                     "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
@@ -293,10 +293,16 @@ def _padding_target(variant: dict, base: dict, ratio: float | None) -> str:
 def _variant_lines(loaded: dict[str, dict]) -> list[str]:
     """Each run named ``<run>-<variant>`` (e.g. ``-padded``: padded SDPA; ``-overlap``: HostAdamW's overlapped
     copies) against the run it varies: update tokens/s and step time, each side's own measurement."""
+    from rlkit.grpo import outcome
+    from rlkit.verl_logs import training_steps
+
     out = []
     for name, m in loaded.items():
         base = _varied_run(name, loaded)
         if base is None:
+            continue
+        if not training_steps(m.get("steps", [])):
+            out.append(f"- `{name}` against `{base}`: {outcome(m)}, no step to compare.")
             continue
         ours, theirs = update_tokens_per_s(m), update_tokens_per_s(loaded[base])
         step, base_step = (m.get("summary") or {}).get("step_s"), (loaded[base].get("summary") or {}).get("step_s")
@@ -304,9 +310,22 @@ def _variant_lines(loaded: dict[str, dict]) -> list[str]:
         change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
         out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
                    f"(`{base}` {f'{ratio:.2f}x' if ratio else '-'} the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
-                   + _padding_target(m, loaded[base], ratio) + _planner_at_base_tokens(m, loaded[base]))
+                   + _unlike(m, loaded[base]) + _padding_target(m, loaded[base], ratio) + _planner_at_base_tokens(m, loaded[base]))
     return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
         if out else []
+
+
+# recipe fields that change what a step computes besides the variant's own switch: a variant that differs from its base
+# in one of them is not compared like for like (its step time least of all)
+WORKLOAD_FIELDS = ("response_length_mean", "lr", "steps")
+
+
+def _unlike(variant: dict, base: dict) -> str:
+    """What makes a variant and its base other workloads, for the comparison's line ('' when nothing does)."""
+    ours, theirs = variant["recipe"], base["recipe"]
+    differ = [f"{key} {ours.get(key)!r} against {theirs.get(key)!r}" for key in WORKLOAD_FIELDS
+              if ours.get(key) != theirs.get(key)]
+    return f" Not like for like: {', '.join(differ)}." if differ else ""
 
 
 def _planner_at_base_tokens(variant: dict, base: dict) -> str:

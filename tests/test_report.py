@@ -171,6 +171,35 @@ def test_a_seed_variant_is_compared_with_the_run_it_varies(tmp_path):
     assert f"(`{base}` 2.00x the variant's)" in line and "(+0%)" in line  # step_s is the copied summary's
     tokens = report.update_tokens_per_s(json.loads((runs / base / "metrics.json").read_text()))
     assert f"against {tokens:.0f} tokens/s" in line
+    assert "Not like for like" not in line  # a copy: the same workload
+
+
+def test_a_variant_of_another_workload_or_without_steps_says_so(tmp_path):
+    """A variant at another synthetic length mean and lr than its base gets its line with what differs, and a
+    variant that ran out of memory before its first step gets its outcome instead of empty numbers."""
+    import json
+
+    root = _git_repo(tmp_path)
+    runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+    base, other, failed = ("h200-seed-1-fixes-hostadamw", "h200-seed-1-fixes-hostadamw-other",
+                           "h200-seed-1-fixes-hostadamw-oom")
+    for name in (base, other, failed):
+        shutil.copytree(runs / base, root / "05_grpo_qwen3_4b" / name)
+    for name, change in ((other, lambda m: m["recipe"].update(response_length_mean=1400, lr=0.0)),
+                         (failed, lambda m: (m.update(steps=[]), m["launch"].update(
+                             failure={"kind": "torch_oom", "phase": "update_actor"}, returncode=1)))):
+        path = root / "05_grpo_qwen3_4b" / name / "metrics.json"
+        metrics = json.loads(path.read_text())
+        change(metrics)
+        path.write_text(json.dumps(metrics))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    lines = report.seed_workload_section(root)
+    (line,) = [x for x in lines if x.startswith(f"- `{other}` against `{base}`") and "tokens, response mean" not in x]
+    assert line.endswith("Not like for like: response_length_mean 1400 against 1200, lr 0.0 against 1e-06.")
+    (line,) = [x for x in lines if x.startswith(f"- `{failed}` against `{base}`")]
+    assert "torch_oom in update_actor" in line and line.endswith("no step to compare.")
+    (drift,) = [x for x in lines if x.startswith("Response-length mean per step")]
+    assert f"{failed}:" not in drift
 
 
 def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(tmp_path):
