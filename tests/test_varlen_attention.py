@@ -221,12 +221,12 @@ def test_cuda_one_qwen3_4b_layer_fwd_bwd_times(patch):
 
 @pytest.mark.gpu
 def test_cuda_native_gqa_matches_repeated_kv_bit_for_bit():
-    """The flash kernel fed Qwen3-4B's 8 K/V heads (its own grouped-query mapping) against the K/V heads repeated
-    to the 32 query heads (what rlkit_varlen does on torch 2.11): both compute each query head from the same K/V
-    values in the same tiles, and both sum the per-query-head K/V gradients over each group of 4 in the same
-    reduction, so output and gradients are claimed bit for bit, in deterministic mode (the flash backward's dQ
-    accumulates atomically otherwise). A micro-batch of the seed's workload: 24,576 tokens, sequences up to 4,196.
-    Times of one fwd+bwd are printed, not asserted."""
+    """The flash kernel fed Qwen3-4B's 8 K/V heads (its own grouped-query mapping, what rlkit_varlen does) against
+    the same kernel fed the K/V heads repeated to the 32 query heads (what it did before session 12): both compute
+    each query head from the same K/V values in the same tiles, and both sum the per-query-head K/V gradients over
+    each group of 4 in the same reduction, so output and gradients are claimed bit for bit, in deterministic mode
+    (the flash backward's dQ accumulates atomically otherwise). A micro-batch of the seed's workload: 24,576 tokens,
+    sequences up to 4,196. Times of one fwd+bwd are printed, not asserted."""
     lengths, heads, kv_heads, dim = [4196, 3010, 2048, 1446, 1446, 4000, 812, 2600, 3500, 1518], 32, 8, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     total = sum(lengths)
@@ -234,40 +234,34 @@ def test_cuda_native_gqa_matches_repeated_kv_bit_for_bit():
     g = torch.randn(total, heads, dim, device="cuda", generator=gen).bfloat16()
     seg = varlen_attention._from_lengths(torch.tensor(lengths, device="cuda"))
 
-    def run(gqa):
+    def run(repeat: bool):
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
-        out = varlen_attention._kernel(q, k, v, seg, dim ** -0.5, True, gqa=gqa)
+        kk, vv = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v)) if repeat else (k, v)
+        out = varlen_attention._kernel(q, kk, vv, seg, dim ** -0.5, True)
         out.backward(g)
         return [out.detach(), q.grad, k.grad, v.grad]
 
-    def ms(gqa, repeats=10):
+    def ms(repeat: bool, repeats=10):
         for _ in range(2):
-            run(gqa)
+            run(repeat)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(repeats):
-            run(gqa)
+            run(repeat)
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / repeats
 
     torch.use_deterministic_algorithms(True)
     try:
-        repeat, again, native = run("repeat"), run("repeat"), run("native")
-        times = {gqa: ms(gqa) for gqa in ("repeat", "native")}
+        repeated, again, native = run(True), run(True), run(False)
+        times = {name: ms(name == "repeat") for name in ("repeat", "native")}
     finally:
         torch.use_deterministic_algorithms(False)
     names = ("out", "dq", "dk", "dv")
-    run_to_run = {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(names, repeat, again)}
-    diffs = {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(names, repeat, native)}
+    run_to_run = {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(names, repeated, again)}
+    diffs = {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(names, repeated, native)}
     print(f"run to run (repeat): {run_to_run}; native vs repeat: {diffs}; one fwd+bwd of {total} tokens: "
           f"repeat {times['repeat']:.2f} ms, native {times['native']:.2f} ms")
     assert all(d == 0.0 for d in run_to_run.values()), "deterministic mode did not make the kernel repeatable"
     assert all(d == 0.0 for d in diffs.values())
-
-
-def test_kernel_refuses_an_unknown_gqa_mode():
-    q = torch.zeros(4, 4, 8)
-    with pytest.raises(ValueError, match="gqa='tiled'"):
-        varlen_attention._kernel(q, q[:, :2], q[:, :2], varlen_attention._from_lengths(torch.tensor([4])), None, True,
-                                 gqa="tiled")

@@ -238,7 +238,7 @@ def install_logprob_forward(module, chunk_rows: int) -> None:
 @contextmanager
 def annotated_attention():
     """``rlkit_varlen`` (the patch must be applied) wrapped in the annotation ``rlkit_varlen_attention``, so the
-    trace attributes its kernels (segments, layout copies, K/V repeats, the varlen kernel) to attention."""
+    trace attributes its kernels (segments, layout copies, the varlen kernel) to attention."""
     from torch.profiler import record_function
     from transformers import AttentionInterface
 

@@ -25,8 +25,9 @@ The boundaries are found once per forward (one host sync) and reused by every la
 and version of the tensor they came from).
 
 Signature differences (read at run time): torch 2.11's ``varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k,
-*, return_aux, scale, window_size)`` is causal with ``window_size=(-1, 0)`` and has no ``enable_gqa``, so K/V heads
-are repeated for grouped-query attention (Qwen3-4B: 32 query / 8 KV heads); from 2.12 it takes ``enable_gqa``.
+*, return_aux, scale, window_size)`` is causal with ``window_size=(-1, 0)`` and has no ``enable_gqa``: it hands
+grouped-query K/V (Qwen3-4B: 32 query / 8 KV heads) to the flash kernel unchecked, which takes them natively; from
+2.12 it asks for ``enable_gqa``.
 An older signature with ``is_causal`` is also handled.
 
 verl 0.9.1 places that name "flash_attention_2" (searched in verl/): ``workers/config/model.py`` (the default, overridden
@@ -57,7 +58,6 @@ from rlkit.patches import Patch, PatchError
 
 NAME = "rlkit_varlen"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
-GQA_MODES = ("auto", "repeat", "native")  # _kernel: how fewer K/V heads than query heads reach the flash kernel
 # Attention calls per path, "kernel" or "per_sequence_sdpa": what actually ran, for measurements and tests.
 CALLS: collections.Counter = collections.Counter()
 
@@ -152,32 +152,21 @@ def uses_kernel(query: torch.Tensor) -> bool:
             and _kernel_parameters() is not None)
 
 
-def _kernel(q, k, v, seg: Segments, scale, causal: bool, gqa: str = "auto"):
-    """[tokens, heads, dim] in and out, through torch.nn.attention.varlen.varlen_attn.
-
-    ``gqa`` for fewer K/V heads than query heads: ``repeat`` copies each K/V head to its query group first;
-    ``native`` hands the K/V heads to the flash kernel, which maps each query head to its group itself (torch 2.11's
-    varlen_attn passes the heads through unchecked, 2.12 on asks for ``enable_gqa``); ``auto`` is ``native`` where
-    the signature has ``enable_gqa`` and ``repeat`` otherwise. tests/test_varlen_attention.py compares the two on the
-    GPU."""
+def _kernel(q, k, v, seg: Segments, scale, causal: bool):
+    """[tokens, heads, dim] in and out, through torch.nn.attention.varlen.varlen_attn. Fewer K/V heads than query
+    heads go to the flash kernel as they are: it maps each query head to its group itself, bit for bit what it
+    computes from K/V heads repeated to the query heads, without the copies (tests/test_varlen_attention.py, GPU).
+    torch 2.11's varlen_attn passes them through unchecked; from 2.12 it asks for ``enable_gqa``."""
     from torch.nn.attention.varlen import varlen_attn
 
-    if gqa not in GQA_MODES:
-        raise ValueError(f"{NAME}: gqa={gqa!r} is not one of {GQA_MODES}")
     params = _kernel_parameters()
     kwargs = {"scale": scale}
     if "is_causal" in params:
         kwargs["is_causal"] = causal
     elif causal:
         kwargs["window_size"] = (-1, 0)  # a tuple: varlen_attn compares it with == (-1, 0)
-    if q.shape[1] != k.shape[1]:
-        if gqa == "auto":
-            gqa = "native" if "enable_gqa" in params else "repeat"
-        if gqa == "repeat":
-            groups = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        elif "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
+    if q.shape[1] != k.shape[1] and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
     return varlen_attn(q, k, v, seg.cu_seqlens, seg.cu_seqlens, seg.max_len, seg.max_len, **kwargs)
 
 
