@@ -48,7 +48,8 @@ HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
 # components are vLLM's and the two processes' memory outside torch's allocator.
 ACTOR_ALLOCATED_COMPONENTS = ("master_fp32", "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments",
                               "activations", "logits", "staging")
-RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_on_host", "cast_once", "skip_old_logprob")
+RLKIT_OPTIONS = ("offload_views", "cpu_optimizer_step", "rank0_owner", "master_on_host", "cast_once", "skip_old_logprob",
+                 "compiled_pointwise")
 
 # Bytes held per logit element (micro-batch tokens x vocabulary) while log-probs are computed.
 # torch_rowwise: verl 0.9.1's engine without flash-attn (verl.utils.torch_functional.logprobs_from_logits_v2,
@@ -133,6 +134,7 @@ class PlanSpec:
     master_on_host: bool = False  # fp32 master parked on the host during fwd/bwd
     cast_once: bool = False  # one resident bf16 compute copy per step instead of a cast per micro-batch
     skip_old_logprob: bool = False  # fully on-policy: the old-log-prob pass is skipped
+    compiled_pointwise: bool = False  # patch: rotary + SwiGLU through torch.compile; silu(gate) is not kept for backward
 
     def __post_init__(self) -> None:
         def bad(key, msg, fix):
@@ -183,14 +185,16 @@ def with_options(spec: PlanSpec, options: str | list[str] | tuple[str, ...]) -> 
     return replace(spec, **{o: o in names for o in RLKIT_OPTIONS})
 
 
-def _activation_elems_per_token_layer(s: ModelShape) -> int:
+def _activation_elems_per_token_layer(s: ModelShape, compiled_pointwise: bool = False) -> int:
     """bf16 elements one decoder layer saves per token for backward (flash-attention, no N^2 scores).
 
     Inputs of both RMSNorms and of the q/k/v, gate/up projections (4 x hidden); q and k before and after
     norm/RoPE, v and the attention output (3 x q_dim + 3 x kv_dim); gate, silu(gate), up and their
-    product (4 x intermediate). fp32 norm statistics and the flash-attention log-sum-exp are ignored.
+    product (4 x intermediate). With ``compiled_pointwise`` the SwiGLU is one compiled function whose backward
+    recomputes silu(gate) from gate, so only gate, up and the product stay (3 x intermediate). fp32 norm statistics
+    and the flash-attention log-sum-exp are ignored.
     """
-    return 4 * s.hidden + 3 * s.q_dim + 3 * s.kv_dim + 4 * s.intermediate
+    return 4 * s.hidden + 3 * s.q_dim + 3 * s.kv_dim + (3 if compiled_pointwise else 4) * s.intermediate
 
 
 def step_tokens_per_gpu(spec: PlanSpec) -> float:
@@ -292,7 +296,7 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     compute_copy = 2.0 * P if spec.cast_once else 2.0 * min(P, s.root_params + 2 * s.layer_params)
 
     N, Nlp = micro_batch_positions(spec, spec.micro_batch_tokens), micro_batch_positions(spec, spec.log_prob_micro_batch_tokens)
-    layer_work = _activation_elems_per_token_layer(s) * 2
+    layer_work = _activation_elems_per_token_layer(s, spec.compiled_pointwise) * 2
     if spec.gradient_checkpointing:
         train_act = s.layers * N * s.hidden * 2 + N * layer_work
     else:

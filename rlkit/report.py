@@ -4,21 +4,22 @@ Every number in those blocks comes from files git tracks under ``outputs/`` (a l
 ``tiny/`` folders ``make demo`` writes, is never read). ``python -m rlkit.report --write`` rewrites each block
 between its markers in every file of ``DOCS``; ``python -m rlkit.report --check`` exits 1 naming the files whose
 blocks disagree with the committed metrics, and so does a test. The single-notebook sections (01-04, 07 and the
-deterministic reruns) are :mod:`rlkit.report_notebooks`', the update profiles :mod:`rlkit.report_profile`'; this
-module has notebook 05's arms, the seed workload and the limits, and writes the blocks.
+deterministic reruns) are :mod:`rlkit.report_notebooks`', the update profiles :mod:`rlkit.report_profile`'; the limits
+and issue 24's targets :mod:`rlkit.report_limits`'; this module has notebook 05's arms and the seed workload, and
+writes the blocks.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 from rlkit.env import REPO_ROOT
-from rlkit.report_notebooks import SECTIONS, determinism_section, learning_section, load_committed, run_commit
+from rlkit.report_limits import limits_section, speed_targets_section
+from rlkit.report_notebooks import SECTIONS, SEED_PREFIX, committed_arms, determinism_section, learning_section, load_committed
 from rlkit.report_profile import update_profile_section
-from rlkit.results import OUTPUTS_DIR, committed_runs, fmt, pct
+from rlkit.results import OUTPUTS_DIR, committed_runs, fmt
 
 
 def _planner_cell(check: dict | None) -> str:
@@ -35,22 +36,7 @@ def _planner_cell(check: dict | None) -> str:
     return check["planner_verdict"]
 
 
-# Notebook 05's runs of the seed's own workload (profile h200-seed, issue 23): folders "<profile>-<arm>".
-SEED_PREFIX = "h200-seed-"
 SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # notebook 06's point folders: <case>-u<util>
-
-
-def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: str = "") -> tuple[dict[str, dict], dict[str, str]]:
-    """Notebook 05's committed runs whose folder is named after an arm of rlkit.grpo.ARMS (``<prefix><arm>`` or
-    ``<prefix><arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics and their commits, by name."""
-    from rlkit.grpo import read_results
-    from rlkit.recipe import ARMS
-
-    folder = root / "05_grpo_qwen3_4b"
-    names = [p.name for p in committed_runs(folder)
-             if any(p.name == prefix + a or p.name.startswith(f"{prefix}{a}-")
-                    or (reruns and p.name.startswith(f"{prefix}{a}.session")) for a in ARMS)]
-    return {name: read_results(folder / name) for name in names}, {name: run_commit(folder / name) for name in names}
 
 
 def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
@@ -381,42 +367,6 @@ def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
             f"{SAME_SAMPLE_TOLERANCE:.1%}; step 1 includes each phase's one-off start-up on both sides):", *out] if out else []
 
 
-def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
-    """Notebook 05's runs with steps 2.. measured (those that trained, and those that failed later), each phase against
-    its limit (rlkit.roofline via rlkit.grpo.phase_limits)."""
-    from rlkit.env import gpu_name, read_saved
-    from rlkit.grpo import limits_row, phase_limits
-    from rlkit.verl_logs import training_steps
-
-    arms, commits = committed_arms(root)
-    seed_arms, seed_commits = committed_arms(root, prefix=SEED_PREFIX)
-    arms, commits = {**arms, **seed_arms}, {**commits, **seed_commits}
-    rows = []
-    for name, m in arms.items():
-        gpu = gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))
-        if len(training_steps(m.get("steps", []))) >= 2:
-            rows.append((name, limits_row(name, phase_limits(m, gpu))))
-    if not rows:
-        return ["*05_grpo_qwen3_4b: no committed arm has trained two steps yet.*"]
-    header = ("| arm | commit | tokens/seq (real / computed) | update_actor s | MFU | hardware FLOPs | host optimizer step s "
-              "(of PCIe) | update_weights s (of PCIe) | gen s (of standalone vLLM) | old_log_prob s (MFU) | between phases (of step) |")
-    lines = ["**Each phase against its limit** (notebook 05's runs that trained two steps or more; means over steps 2..; `rlkit.roofline`: model "
-             "FLOPs of the real tokens, fwd + bwd, against the GPU's dense bf16 peak (H200: 989 TFLOP/s, data sheet); "
-             "hardware FLOPs add the checkpoint recompute and the padding; the host optimizer step and the weight sync "
-             "against the node's pinned copy rate (`outputs/02_host_adamw/h200/metrics.json`); gen against a standalone vLLM "
-             "of the run's shape on the same GPU (committed by `rlkit.experiments.vllm_ceiling`, found by "
-             "`rlkit.roofline.vllm_ceiling`), `-` where none is committed):", "", header, "|" + "---|" * (header.count("|") - 1)]
-    for name, r in rows:
-        lines.append(f"| {name} | {commits[name]} | {fmt(r['tokens_real'], 'd')} / {fmt(r['tokens_computed'], 'd')} | "
-                     f"{fmt(r['update_actor_s'])} | {pct(r['update_actor_fraction'])} | "
-                     f"{pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
-                     f"({pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
-                     f"({pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} ({pct(r.get('gen_fraction'))}) | "
-                     f"{fmt(r['old_log_prob_s'], '.2f')} "
-                     f"({pct(r['old_log_prob_fraction'])}) | {pct(r['between_phases_share'])} |")
-    return lines
-
-
 def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """docs/results.md: every notebook's committed GPU results."""
     lines = []
@@ -428,9 +378,9 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
 BLOCKS = {"arc": arc_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
-          "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
+          "targets": speed_targets_section, "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
           "learning": learning_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "profile", "determinism", "learning"),
+DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "targets", "profile", "determinism", "learning"),
         "docs/lab-notes.md": ("reruns",)}
 
 

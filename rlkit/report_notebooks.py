@@ -160,3 +160,20 @@ def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 SECTIONS = [("01_offload_bug", offload_section), ("02_host_adamw", host_adamw_section),
             ("03_cast_once", cast_once_section), ("04_skip_old_logprob", skip_section)]
+
+
+# Notebook 05's runs of the seed's own workload (profile h200-seed, issue 23): folders "<profile>-<arm>".
+SEED_PREFIX = "h200-seed-"
+
+
+def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: str = "") -> tuple[dict[str, dict], dict[str, str]]:
+    """Notebook 05's committed runs whose folder is named after an arm of rlkit.grpo.ARMS (``<prefix><arm>`` or
+    ``<prefix><arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics and their commits, by name."""
+    from rlkit.grpo import read_results
+    from rlkit.recipe import ARMS
+
+    folder = root / "05_grpo_qwen3_4b"
+    names = [p.name for p in committed_runs(folder)
+             if any(p.name == prefix + a or p.name.startswith(f"{prefix}{a}-")
+                    or (reruns and p.name.startswith(f"{prefix}{a}.session")) for a in ARMS)]
+    return {name: read_results(folder / name) for name in names}, {name: run_commit(folder / name) for name in names}

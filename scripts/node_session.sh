@@ -28,6 +28,9 @@
 #   seed-arm5         arm 5 alone at the seed's workload: the base of seed-levers at the same commit (24)
 #   seed-levers       arm 5 at the seed's workload with every lever: the overlapped copies (no rank-0 owner on one
 #                     GPU), the compiled RMSNorm, rotary and SwiGLU, and the replay-buffer poll at 0.2 s (24)
+#   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
+#   h200-1gpu-fast    arm 5 at that shape with the workload levers (remove-padding with rlkit_varlen, chunked log-probs,
+#                     24,576 tokens per micro-batch) and every lever of seed-levers (24)
 # usage: scripts/node_session.sh ROOT JOB...
 set -u
 root=${1:?give a results root}; shift
@@ -35,7 +38,9 @@ root=${1:?give a results root}; shift
 cd "$(dirname "$0")/.." || exit 1
 
 set_job() {  # cmd=(the command of job $2), its results under $1
-  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) padded levers
+  local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
+  local levers="-p host_rank0_owner=false -p host_overlap_copies=true -p rmsnorm=compiled -p pointwise=compiled"
+  levers+=" -p replay_poll_s=0.2"
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
@@ -61,10 +66,13 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     seed-compiled) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled -p pointwise=compiled"
                         RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-arm5) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
-    seed-levers) levers="-p host_rank0_owner=false -p host_overlap_copies=true -p rmsnorm=compiled"
-                 levers+=" -p pointwise=compiled -p replay_poll_s=0.2"
-                 cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
+    seed-levers) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
                       scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    h200-1gpu-arm5) cmd=("${one_gpu[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    h200-1gpu-fast) workload="-p attn_implementation=rlkit_varlen -p use_remove_padding=true -p logits=chunked"
+                    workload+=" -p ppo_max_token_len_per_gpu=24576"
+                    cmd=("${one_gpu[@]}" "RLKIT_GRPO_ARGS=$workload $levers" RLKIT_TAG_SUFFIX=-fast
+                         scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     *) return 1 ;;
   esac
 }

@@ -140,6 +140,17 @@ def test_toy_plan_hand_computed_bytes():
     assert no_ckpt["update_fwd_bwd"]["activations"] == 2 * 16 * per_layer * 2
 
 
+def test_compiled_pointwise_keeps_one_intermediate_less_per_token():
+    """The compiled SwiGLU's backward recomputes silu(gate) (tests/test_compiled_patches.py counts what each keeps),
+    so the recomputed layer's working set loses one intermediate-wide bf16 tensor per token, here 16 x 16 x 2 B."""
+    s = MS.shape_from_config(TOY, "toy")
+    spec = toy_spec(offload_views=True)
+    eager = B.phase_components(spec, s)[0]
+    compiled = B.phase_components(B.with_options(spec, ["offload_views", "compiled_pointwise"]), s)[0]
+    for phase, tokens in (("update_fwd_bwd", 16), ("log_prob", 32)):
+        assert eager[phase]["activations"] - compiled[phase]["activations"] == tokens * 16 * 2
+
+
 def test_toy_plan_rlkit_options():
     s = MS.shape_from_config(TOY, "toy")
     P, largest = 1464, 600

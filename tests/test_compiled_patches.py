@@ -78,6 +78,22 @@ def test_a_compile_that_fails_names_the_patch_and_the_field_that_runs_without_it
         square(torch.ones(2))
 
 
+def test_the_compiled_swiglu_keeps_gate_and_up_for_backward_and_eager_silu_gate_too():
+    """What each SwiGLU saves for backward (saved-tensor hooks): eager keeps gate (silu's input), silu(gate) and up
+    (the product's inputs); the compiled function keeps gate and up and recomputes silu(gate). The planner's
+    ``compiled_pointwise`` option is that one intermediate-wide tensor less (rlkit.budget)."""
+    def saved(fn):
+        gate, up = (torch.randn(8, 24, requires_grad=True).bfloat16().detach().requires_grad_() for _ in range(2))
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            out = fn(gate, up)
+        out.sum().backward()
+        return shapes
+
+    assert saved(compiled_pointwise.swiglu) == [(8, 24)] * 3
+    assert saved(compiled_pointwise.compiled_swiglu) == [(8, 24)] * 2
+
+
 def test_an_mlp_of_another_activation_keeps_the_eager_forward():
     config = modeling_qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, hidden_act="gelu")
     mlp, x = modeling_qwen3.Qwen3MLP(config), torch.randn(3, 32)

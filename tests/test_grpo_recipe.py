@@ -52,7 +52,7 @@ def test_bad_recipe_names_the_key_and_fix(changes, key):
         _recipe(**changes)
 
 
-@pytest.mark.parametrize("profile", ["tiny", "h200", "h200-seed"])
+@pytest.mark.parametrize("profile", ["tiny", "h200", "h200-seed", "h200-1gpu"])
 def test_profiles_hold_exactly_the_recipe_fields(profile):
     values = load_profile(grpo.NOTEBOOK, profile)
     assert set(values) == set(P.field_names(R.GRPORecipe))

@@ -42,7 +42,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 17
+    assert len(JOBS) == 19
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -58,13 +58,17 @@ def test_every_job_names_what_exists(tmp_path):
         if any("node_grpo_arms" in s for s in scripts):
             arms = words[words.index(scripts[0]) + 2:]
             assert arms and set(arms) <= set(ARMS), f"{job}: {arms}"
-            assert (REPO_ROOT / "nbs" / "params" / "05_grpo_qwen3_4b.h200-seed.yaml").exists()
+            (profile,) = [w.split("=", 1)[1] for w in words if w.startswith("RLKIT_PROFILE=")]
+            assert (REPO_ROOT / "nbs" / "params" / f"05_grpo_qwen3_4b.{profile}.yaml").exists(), f"{job}: {profile}"
         fields = known.get(job, _fields(GRPORecipe))
         assert set(_params(words)) <= fields, f"{job}: {_params(words)} not all in {sorted(fields)}"
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
     assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",
                                                               "pointwise", "replay_poll_s"]
+    assert _params(shlex.split(commands["h200-1gpu-fast"])) == ["attn_implementation", "use_remove_padding", "logits",
+                                                                 "ppo_max_token_len_per_gpu", *_params(
+                                                                     shlex.split(commands["seed-levers"]))]
     assert f"runs_dir={tmp_path}/s/learning/runs" in commands["learning"]
 
 

@@ -73,6 +73,7 @@ BUDGET_MOVES = {
     "master_on_host": ({}, False),
     "cast_once": ({}, False),
     "skip_old_logprob": ({}, False),
+    "compiled_pointwise": ({}, True),
 }
 
 

@@ -1,0 +1,117 @@
+"""The generated blocks of how far notebook 05's runs are from the hardware (issue 24): each phase against its limit,
+and the issue's targets judged on arm 5 and its variants at one commit. Every number comes from committed
+``outputs/05_grpo_qwen3_4b/<run>/metrics.json`` (rlkit.roofline via rlkit.grpo.phase_limits); :mod:`rlkit.report`
+places the blocks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlkit.report_notebooks import SEED_PREFIX, committed_arms
+from rlkit.results import OUTPUTS_DIR, fmt, pct
+
+# Notebook 05's runs of the h200 profile's shape on one GPU (profile h200-1gpu): folders "h200-1gpu-<arm>[-<variant>]".
+ONE_GPU_PREFIX = "h200-1gpu-"
+# Issue 24's targets are set against arm 5: its variants at the same commit are the candidates for the fastest arm.
+BASE_ARM = "5-master-on-host-cast-once"
+STEP_CHANGE_TARGET = -0.30  # the fastest correct arm's step time against arm 5's at the same shape
+UPDATE_MFU_TARGET = 0.40
+GEN_FRACTION_TARGET = 0.70  # of standalone vLLM's output tokens/s at the same batch and lengths
+BETWEEN_PHASES_TARGET = 0.05  # of the step
+
+
+def _limits_rows(root: Path) -> list[tuple[str, str, dict]]:
+    """(name, commit, limits row) of every notebook 05 run that trained two steps or more."""
+    from rlkit.env import gpu_name, read_saved
+    from rlkit.grpo import limits_row, phase_limits
+    from rlkit.verl_logs import training_steps
+
+    rows = []
+    for prefix in ("", SEED_PREFIX, ONE_GPU_PREFIX):
+        arms, commits = committed_arms(root, prefix=prefix)
+        for name, m in arms.items():
+            if len(training_steps(m.get("steps", []))) >= 2:
+                gpu = gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))
+                rows.append((name, commits[name], limits_row(name, phase_limits(m, gpu))))
+    return rows
+
+
+def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Notebook 05's runs with steps 2.. measured (those that trained, and those that failed later), each phase against
+    its limit."""
+    rows = _limits_rows(root)
+    if not rows:
+        return ["*05_grpo_qwen3_4b: no committed arm has trained two steps yet.*"]
+    header = ("| arm | commit | tokens/seq (real / computed) | update_actor s | MFU | hardware FLOPs | host optimizer step s "
+              "(of PCIe) | update_weights s (of PCIe) | gen s (of standalone vLLM) | old_log_prob s (MFU) | between phases (of step) |")
+    lines = ["**Each phase against its limit** (notebook 05's runs that trained two steps or more; means over steps 2..; `rlkit.roofline`: model "
+             "FLOPs of the real tokens, fwd + bwd, against the GPU's dense bf16 peak (H200: 989 TFLOP/s, data sheet); "
+             "hardware FLOPs add the checkpoint recompute and the padding; the host optimizer step and the weight sync "
+             "against the node's pinned copy rate (`outputs/02_host_adamw/h200/metrics.json`); gen against a standalone vLLM "
+             "of the run's shape on the same GPU (committed by `rlkit.experiments.vllm_ceiling`, found by "
+             "`rlkit.roofline.vllm_ceiling`), `-` where none is committed):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for name, commit, r in rows:
+        lines.append(f"| {name} | {commit} | {fmt(r['tokens_real'], 'd')} / {fmt(r['tokens_computed'], 'd')} | "
+                     f"{fmt(r['update_actor_s'])} | {pct(r['update_actor_fraction'])} | "
+                     f"{pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
+                     f"({pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
+                     f"({pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} ({pct(r.get('gen_fraction'))}) | "
+                     f"{fmt(r['old_log_prob_s'], '.2f')} "
+                     f"({pct(r['old_log_prob_fraction'])}) | {pct(r['between_phases_share'])} |")
+    return lines
+
+
+def _correct(metrics: dict) -> bool:
+    """Trained every step it was asked for and passed the run's sanity bar (finite, non-zero gradients; no NaN)."""
+    from rlkit.grpo import outcome
+
+    return outcome(metrics) == "trained" and bool((metrics.get("sanity") or {}).get("passed"))
+
+
+def fastest_pairs(root: Path = OUTPUTS_DIR) -> list[dict]:
+    """Per shape (profile prefix), the fastest correct variant of arm 5 (``<prefix>5-...-<variant>``) and the arm-5
+    run of the same commit it beats, with both step times (means over steps 2..). Shapes without such a pair are
+    left out."""
+    pairs = []
+    for prefix in (ONE_GPU_PREFIX, SEED_PREFIX):
+        arms, commits = committed_arms(root, prefix=prefix, reruns=True)
+        base = prefix + BASE_ARM
+        bases = {commits[n]: n for n, m in arms.items()
+                 if (n == base or n.startswith(base + ".session")) and _correct(m)}
+        found = [(arms[n]["summary"]["step_s"], n, bases[commits[n]]) for n, m in arms.items()
+                 if n.startswith(base + "-") and commits[n] in bases and _correct(m)]
+        if found:
+            step, name, base_name = min(found)
+            pairs.append({"shape": prefix.rstrip("-"), "variant": name, "base": base_name, "commit": commits[name],
+                          "step_s": step, "base_step_s": arms[base_name]["summary"]["step_s"]})
+    return pairs
+
+
+def _verdict(value: float | None, target: float, below: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    return "met" if (value <= target if below else value >= target) else "not met"
+
+
+def speed_targets_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Issue 24's targets on the fastest correct variant of arm 5 against arm 5 at the same commit, per shape."""
+    pairs = fastest_pairs(root)
+    if not pairs:
+        return [f"*No arm-5 run and correct variant of it at one commit yet (`{ONE_GPU_PREFIX}arm5` and "
+                f"`{ONE_GPU_PREFIX}fast` in `scripts/node_session.sh` measure them in one lease).*"]
+    limits = {name: row for name, _, row in _limits_rows(root)}
+    header = ("| shape | fastest correct variant | against | commit | step s | step change (target <= "
+              f"{STEP_CHANGE_TARGET:.0%}) | update_actor MFU (>= {UPDATE_MFU_TARGET:.0%}) | gen of standalone vLLM "
+              f"(>= {GEN_FRACTION_TARGET:.0%}) | between phases (<= {BETWEEN_PHASES_TARGET:.0%}) |")
+    lines = ["**Issue 24's targets** (per shape, the correct variant of arm 5 with the shortest step, against arm 5 at "
+             "the same commit; correct: trained every step and passed the sanity bar; means over steps 2..; "
+             "`outputs/05_grpo_qwen3_4b/<run>/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for p in pairs:
+        row = limits.get(p["variant"], {})
+        change = p["step_s"] / p["base_step_s"] - 1
+        mfu, gen, between = (row.get(k) for k in ("update_actor_fraction", "gen_fraction", "between_phases_share"))
+        lines.append(f"| {p['shape']} | {p['variant']} | {p['base']} | {p['commit']} | {p['base_step_s']:.1f} -> "
+                     f"{p['step_s']:.1f} | {change:+.0%}: {_verdict(change, STEP_CHANGE_TARGET, below=True)} | "
+                     f"{pct(mfu)}: {_verdict(mfu, UPDATE_MFU_TARGET)} | {pct(gen)}: {_verdict(gen, GEN_FRACTION_TARGET)} | "
+                     f"{pct(between)}: {_verdict(between, BETWEEN_PHASES_TARGET, below=True)} |")
+    return lines
