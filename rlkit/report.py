@@ -230,7 +230,7 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(s.get('actor_max_allocated_gib'), '.2f')} / {fmt(s.get('actor_max_reserved_gib'), '.2f')} | "
                      f"{fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
                      f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {_planner_cell(planner_check(m))} |")
-    lines += _variant_lines(loaded) + _same_sample_lines(loaded)
+    lines += _variant_lines(loaded) + _same_sample_lines(loaded) + _length_band_lines(loaded)
     drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
                                                for step in training_steps(m.get("steps", [])))
                       for name, m in loaded.items() if training_steps(m.get("steps", [])))
@@ -239,6 +239,25 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                     "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
                     "with different response means are not comparable; tokens/s/GPU is closer to it. The profile now runs at lr 0 "
                     "for that reason (`nbs/params/05_grpo_qwen3_4b.h200-seed.yaml` says why)."]
+
+
+# issue 23: the seed workload's response-length mean, as a fraction of max_response_length
+LENGTH_BAND = (0.25, 0.60)
+
+
+def _length_band_lines(loaded: dict[str, dict]) -> list[str]:
+    """Each run's response-length mean (steps 2.., step 1 where it is the only one) against issue 23's band."""
+    inside, outside = [], []
+    for name, m in loaded.items():
+        mean = (m.get("summary") or {}).get("response_length_mean")
+        if mean is None:
+            continue
+        share = mean / m["recipe"]["max_response_length"]
+        (inside if LENGTH_BAND[0] <= share <= LENGTH_BAND[1] else outside).append(f"{name} {share:.0%}")
+    if not inside and not outside:
+        return []
+    return ["", f"Response-length mean against the band issue 23 asks for ({LENGTH_BAND[0]:.0%}-{LENGTH_BAND[1]:.0%} of "
+            f"the maximum): inside: {', '.join(inside) or 'none'}; outside: {', '.join(outside) or 'none'}."]
 
 
 def _update_tokens_per_s(steps: list[dict]) -> float | None:

@@ -303,3 +303,22 @@ def test_issue_24s_targets_judge_the_fastest_correct_variant_against_arm_5_of_it
     # committed in this repository for the run's shape, so its gen is not measured
     assert row.endswith("| 24%: not met | -: not measured | 0.3%: met |")
     assert "No arm-5 run" in report_limits.speed_targets_section(_git_repo(tmp_path / "empty"))[0]
+
+
+def test_a_seed_run_outside_issue_23s_length_band_is_named(tmp_path):
+    """Arm 1's committed seed run (a mean of 43% of the maximum) inside the band, and a copy whose mean is 10% of it
+    outside."""
+    import json
+
+    root = _git_repo(tmp_path)
+    runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+    base, short = "h200-seed-1-fixes-hostadamw", "h200-seed-1-fixes-hostadamw-short"
+    for name in (base, short):
+        shutil.copytree(runs / base, root / "05_grpo_qwen3_4b" / name)
+    path = root / "05_grpo_qwen3_4b" / short / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["summary"]["response_length_mean"] = 0.1 * metrics["recipe"]["max_response_length"]
+    path.write_text(json.dumps(metrics))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    (line,) = [x for x in report.seed_workload_section(root) if x.startswith("Response-length mean against the band")]
+    assert line.endswith(f"inside: {base} 43%; outside: {short} 10%.")
