@@ -17,6 +17,7 @@
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
+#   vllm-ceiling-1gpu  standalone vLLM at the h200-1gpu profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
 #   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
 #   seed-padded       arm 1 at the seed's workload with padded SDPA at 12,288 tokens per micro-batch, the largest the
@@ -53,6 +54,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                            --tag h200-compiled) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
+    vllm-ceiling-1gpu) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-1gpu) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
     seed-arm1) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-padded) padded="-p attn_implementation=sdpa -p use_remove_padding=false -p ppo_max_token_len_per_gpu=12288"
