@@ -393,19 +393,25 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
     return first
 
 
+def arm_folders(results_dir: str | os.PathLike) -> dict[str, Path]:
+    """The run folders under ``results_dir`` by name (sorted): the folder itself when it is one run, else each
+    sub-folder with a ``metrics.json`` (relative paths are the repository's)."""
+    path = Path(results_dir)
+    path = path if path.is_absolute() else REPO_ROOT / path
+    if (path / "metrics.json").exists():
+        return {path.name: path}
+    arms = sorted(p for p in path.iterdir() if (p / "metrics.json").exists()) if path.is_dir() else []
+    if not arms:
+        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
+    return {p.name: p for p in arms}
+
+
 def read_arms(results_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Every arm's ``metrics.json`` in a folder of arm folders, by folder name (sorted); CPU smoke runs beside
     launched arms are left out. A folder that is one run gives that run under its folder name."""
     from rlkit.results import read_metrics
 
-    path = Path(results_dir)
-    path = path if path.is_absolute() else REPO_ROOT / path
-    if (path / "metrics.json").exists():
-        return {path.name: read_metrics(path)}
-    arms = sorted(p for p in path.iterdir() if (p / "metrics.json").exists()) if path.is_dir() else []
-    if not arms:
-        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
-    loaded = {p.name: read_metrics(p) for p in arms}
+    loaded = {name: read_metrics(p) for name, p in arm_folders(results_dir).items()}
     if any(m.get("launched") for m in loaded.values()):  # CPU smoke runs beside measured arms are not arms
         loaded = {name: m for name, m in loaded.items() if m.get("launched")}
     return loaded

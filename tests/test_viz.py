@@ -225,7 +225,7 @@ def arms_explorer():
 
 
 @pytest.mark.parametrize("name,value,expect", [
-    ("arms", ("0-stock", "2-skip-old-logprob"), {"figure:timeline", "figure:memory", "text:table"}),
+    ("arms", ("0-stock", "2-skip-old-logprob"), {"figure:timeline", "figure:limits", "figure:memory", "text:table"}),
     ("steps", "steady", {"figure:timeline"}),
     ("memory", "device", {"figure:memory"}),
 ])
@@ -249,6 +249,25 @@ def test_arms_memory_is_planner_beside_measured():
     timeline = VA.timeline_figure(data, ("1-fixes-hostadamw",), "all")
     assert sum(len(t.y) for t in timeline.data) == len(a["phase_rows"])
     assert VA.draw({"arms": (), "steps": "all", "memory": "actor"}, data).texts["table"].count("pick") == 1
+
+
+def test_arms_limits_are_each_phase_beside_its_limit():
+    """Arm 5 of the seed's workload: its update_actor bar at the limit is rlkit.roofline's limit (the dense bf16
+    peak) and its measured bar verl's seconds, both from the committed run; the limit of a phase without one (gen,
+    where no standalone vLLM of the shape is committed) is its measured time, hatched; a run without steps gets
+    a message."""
+    from rlkit import grpo
+    from rlkit.env import gpu_name, read_saved
+
+    name = "h200-seed-5-master-on-host-cast-once"
+    data = VA.load(str(ARMS_DIR)) if (ARMS_DIR / name).exists() else pytest.skip("no committed seed arm 5")
+    want = grpo.phase_limits(grpo.read_arms(str(ARMS_DIR))[name], gpu_name(read_saved(ARMS_DIR / name)))["phases"]
+    bars = {t.name: t for t in VA.limits_figure(data, (name,)).data}
+    assert tuple(bars["update_actor"].y) == (want["update_actor"]["seconds"], want["update_actor"]["limit_s"])
+    assert want["gen"]["limit_s"] is None  # mean 1200: no ceiling of that shape is committed
+    assert tuple(bars["gen"].y) == (want["gen"]["seconds"],) * 2
+    assert tuple(bars["gen"].marker.pattern.shape) == ("", "/")
+    assert "no phase limits" in VA.limits_figure(data, ("0-stock",)).layout.annotations[0].text
 
 
 # --- notebook 06: the sweep point explorer (committed sweep) --------------------------------------------------

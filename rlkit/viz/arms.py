@@ -5,8 +5,10 @@ Plain functions first:
 * :func:`arm_data` reads what the explorer needs from one arm's ``metrics.json`` once (phase seconds per step,
   the planner for its exact overrides via :func:`rlkit.grpo.planner_for_run`, the measured peaks, the outcome);
 * :func:`draw` turns a state (the arms picked, which steps, which memory) into a View: figure ``timeline``
-  (stacked seconds per phase for each arm and step), figure ``memory`` (the planner's GiB per phase beside the
-  measured peak, per arm) and text ``table`` (planner vs measured, per arm: :func:`rlkit.grpo.planner_check`).
+  (stacked seconds per phase for each arm and step), figure ``limits`` (per arm, steps 2..: each phase as measured
+  beside the time it would take at its limit, :func:`rlkit.grpo.phase_limits`), figure ``memory`` (the planner's
+  GiB per phase beside the measured peak, per arm) and text ``table`` (planner vs measured, per arm:
+  :func:`rlkit.grpo.planner_check`).
 
 :func:`arms_explorer` puts them under ipywidgets (:class:`rlkit.viz.explorer.Explorer`).
 """
@@ -27,8 +29,9 @@ _PHASE_COLOURS = {"gen": "#636efa", "reward": "#fecb52", "old_log_prob": "#ef553
                   "weight_sync": "#ffa15a"}
 
 
-def arm_data(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """What the explorer draws of one arm, read once from its ``metrics.json`` content."""
+def arm_data(name: str, metrics: dict[str, Any], gpu: str | None = None) -> dict[str, Any]:
+    """What the explorer draws of one arm, read once from its ``metrics.json`` content; ``gpu``: the GPU it ran on
+    (its ``env.json``), which the phases' limits need."""
     from rlkit import budget, grpo
 
     summary = metrics.get("summary") or {}
@@ -39,6 +42,7 @@ def arm_data(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
         "measured_actor_peak_gib": summary.get("actor_max_allocated_gib"),
         "measured_device_peak_gib": max(summary["gpu_peak_used_gib"]) if summary.get("gpu_peak_used_gib") else None,
         "check": check, "card_gib": None, "planner_actor_gib": {}, "planner_device_gib": {},
+        "limits": (grpo.phase_limits(metrics, gpu).get("phases") or {}) if gpu else {},
     }
     if planned:
         card, _, plan = planned
@@ -79,6 +83,42 @@ def timeline_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...], st
     if silent:
         title += "<br><sup>no steps: " + "; ".join(f"{a} ({data[a]['outcome']})" for a in silent) + "</sup>"
     fig.update_layout(barmode="stack", title=title, yaxis_title="seconds", height=460, legend_title="phase")
+    return fig
+
+
+LIMIT_PHASES = ("gen", "old_log_prob", "update_actor", "update_weights", "between_phases")
+
+
+def limits_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...]):
+    """Per arm, two stacked bars over steps 2..: each phase's seconds as measured, and the seconds it would take at
+    its limit (hatched where no limit is known: drawn as measured, so the bars stay comparable)."""
+    import plotly.graph_objects as go
+
+    arms = [a for a in picked if data[a]["limits"]]
+    if not arms:
+        return message_figure("no phase limits for the arms picked (they need two trained steps and the GPU they ran "
+                              "on): " + "; ".join(f"{a}: {data[a]['outcome']}" for a in picked),
+                              title="each phase against its limit", height=420)
+    fig = go.Figure()
+    for phase in LIMIT_PHASES:
+        x, y, hatch, text = [[], []], [], [], []
+        for arm in arms:
+            entry = data[arm]["limits"].get(phase) or {}
+            seconds, limit = entry.get("seconds") or 0.0, entry.get("limit_s")
+            share = f"{entry['fraction']:.0%} of its limit" if entry.get("fraction") else entry.get("basis", "")
+            for side, value in (("measured", seconds), ("at its limit", seconds if limit is None else limit)):
+                x[0].append(arm)
+                x[1].append(side)
+                y.append(value)
+                hatch.append("/" if side != "measured" and limit is None else "")
+                text.append(share)
+        fig.add_bar(name="other" if phase == "between_phases" else phase, x=x, y=y, customdata=text,
+                    marker={"color": _PHASE_COLOURS.get("other" if phase == "between_phases" else phase),
+                            "pattern": {"shape": hatch}},
+                    hovertemplate=f"{phase}: %{{y:.2f}} s (%{{customdata}})<extra>%{{x}}</extra>")
+    fig.update_layout(barmode="stack", height=460, yaxis_title="seconds per step (steps 2..; step 1 if alone)", legend_title="phase",
+                      title="each phase against its limit (rlkit.roofline)<br><sup>hatched: no limit known, drawn as "
+                            "measured</sup>")
     return fig
 
 
@@ -127,13 +167,14 @@ def draw(state: dict[str, Any], data: dict[str, dict[str, Any]]) -> View:
     picked = tuple(a for a in state["arms"] if a in data)
     if not picked:
         empty = "pick at least one arm"
-        return View(figures={"timeline": message_figure(empty, height=420), "memory": message_figure(empty, height=420)},
+        return View(figures={"timeline": message_figure(empty, height=420), "limits": message_figure(empty, height=420),
+                             "memory": message_figure(empty, height=420)},
                     texts={"table": f"<p class='arms-table'><i>{empty}</i></p>"})
     table = html_table(table_rows(data, picked))
     note = ("<p><small>ratio: planner / measured actor peak; for a run that failed, whether the planner also puts "
             "that phase over the card (or, for vLLM refusing to start, the free memory it leaves against vLLM's "
             "reading). Steps shown: " + esc(STEP_CHOICES[state["steps"]]) + ".</small></p>")
-    return View(figures={"timeline": timeline_figure(data, picked, state["steps"]),
+    return View(figures={"timeline": timeline_figure(data, picked, state["steps"]), "limits": limits_figure(data, picked),
                          "memory": memory_figure(data, picked, state["memory"])},
                 texts={"table": f"<div class='arms-table'>{table}{note}</div>"})
 
@@ -143,8 +184,14 @@ def load(results_dir: str | None = None, metrics: dict[str, Any] | None = None) 
     from rlkit import grpo
     from rlkit.recipe import arm_name
 
-    runs = grpo.read_arms(results_dir) if results_dir else {arm_name(metrics["recipe"]): metrics}
-    return {name: arm_data(name, m) for name, m in runs.items()}
+    from rlkit.env import gpu_name, read_saved
+
+    if not results_dir:  # this kernel's run: a launched one recorded its GPU with its limits
+        return {arm_name(metrics["recipe"]): arm_data(arm_name(metrics["recipe"]), metrics,
+                                                      (metrics.get("limits") or {}).get("gpu"))}
+    folders = grpo.arm_folders(results_dir)
+    return {name: arm_data(name, m, gpu_name(read_saved(folders[name])))
+            for name, m in grpo.read_arms(results_dir).items()}
 
 
 def arms_explorer(results_dir: str | None = None, metrics: dict[str, Any] | None = None) -> Explorer:
