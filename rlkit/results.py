@@ -178,3 +178,20 @@ def committed_runs(folder: str | os.PathLike) -> list[Path]:
     sorted by name. A folder only on disk (a ``make demo`` run, an interactive session) is not one of them."""
     folder = Path(folder).resolve()
     return sorted({f.parent for f in tracked_files(folder) if f.name == "metrics.json" and f.parent.parent == folder})
+
+
+# Executed notebooks' figures: the plotly JSON and the static images that survive outside a live kernel
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+IMAGE_MIMES = ("image/png", "image/svg+xml")
+
+
+def figure_outputs(nb: dict[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
+    """(cell index, output index, output) for every output of ``nb`` (a notebook as JSON) holding a plotly figure."""
+    return [(ci, oi, out) for ci, cell in enumerate(nb.get("cells", []))
+            for oi, out in enumerate(cell.get("outputs", []) or [])
+            if PLOTLY_MIME in (out.get("data") or {})]
+
+
+def missing_images(nb: dict[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
+    """The figure outputs of ``nb`` with no static image beside the plotly JSON."""
+    return [(ci, oi, out) for ci, oi, out in figure_outputs(nb) if not any(m in out["data"] for m in IMAGE_MIMES)]

@@ -43,6 +43,7 @@ class RunResult:
     folder: Path
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
+    warning: str = ""  # a run that succeeded but left something to do (e.g. figures without a static image)
 
 
 def notebook_path(name: str) -> Path:
@@ -209,7 +210,18 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
             partial.unlink(missing_ok=True)
             return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir, error=_short(err))
     partial.replace(target)
-    return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir)
+    return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir,
+                     warning=_images_missing(target))
+
+
+def _images_missing(executed: Path) -> str:
+    """For a rendered (committed) notebook: how many plotly figures have no static image, and the fix."""
+    from rlkit.results import missing_images
+
+    n = len(missing_images(json.loads(executed.read_text(encoding="utf-8"))))
+    return (f"{n} figure(s) without a static image (no Chromium here): install it (make browser-deps), then "
+            f"`rlkit figures {executed}`; committed executed notebooks need them (tests/test_figures_static.py)"
+            if n else "")
 
 
 def saved_parameters(path: Path, values: dict[str, Any], results_dir: Path, *, progress: bool = True) -> dict[str, Any]:
@@ -257,6 +269,8 @@ def summary(results: list[RunResult]) -> str:
         lines.append(f"{r.notebook:24} {r.tag:28} {status:7} {r.seconds:7.1f}  {rel(r.folder)}")
         if r.ok:
             lines.append(f"{'':62}  {rel(r.folder / 'executed.ipynb')}, {rel(r.folder / 'metrics.json')}")
+            if r.warning:
+                lines.append(f"{'':62}  WARNING: {r.warning}")
         else:
             lines.append(f"{'':62}  {r.error}")
     ok = sum(r.ok for r in results)

@@ -120,9 +120,25 @@ def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
     executed = nbformat.read(saved / "executed.ipynb", as_version=4)
     assert "rendered 7" in executed.cells[-1].outputs[0]["text"]
     assert sorted(p.name for p in saved.iterdir()) == ["executed.ipynb", "metrics.json"]
+    assert result.warning == ""  # no figure, nothing missing
     (tmp_path / "empty").mkdir()
     with pytest.raises(R.RunError, match="no metrics.json"):
         R.render(path, {"x": 1, "label": "a"}, tmp_path / "empty", progress=False)
+
+
+def test_a_render_whose_figures_have_no_static_image_says_so(tmp_path, monkeypatch):
+    """A rendered notebook is a committed result, and committed figures need a PNG: without one (here images are
+    switched off, as on a machine without Chromium) the render succeeds and its summary says what to run."""
+    monkeypatch.setenv("RLKIT_STATIC_FIGURES", "0")
+    body = RENDER_BODY + "import plotly.graph_objects as go, rlkit.viz\nrlkit.viz.show(go.Figure(go.Bar(y=[1, 2])))\n"
+    path = _write_notebook(tmp_path / "demo.ipynb", body)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "metrics.json").write_text(json.dumps({"x": 7}))
+    result = R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+    assert result.ok, result.error
+    assert result.warning.startswith("1 figure(s) without a static image") and "rlkit figures" in result.warning
+    assert "WARNING: 1 figure(s) without a static image" in R.summary([result])
 
 
 def test_render_takes_a_folder_of_run_folders(tmp_path):

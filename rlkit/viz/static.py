@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-IMAGE_MIMES = ("image/png", "image/svg+xml")
+from rlkit.results import PLOTLY_MIME, missing_images
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 1000, 500
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -164,18 +164,6 @@ def write_html(fig, path: str | os.PathLike) -> Path:
 
 # ---------------------------------------------------------------------------------------------------
 # Executed notebooks: find plotly outputs without an image, add one from the saved JSON
-
-def figure_outputs(nb: dict[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
-    """(cell index, output index, output) for every output of ``nb`` (a notebook as JSON) holding a plotly figure."""
-    return [(ci, oi, out) for ci, cell in enumerate(nb.get("cells", []))
-            for oi, out in enumerate(cell.get("outputs", []) or [])
-            if PLOTLY_MIME in (out.get("data") or {})]
-
-
-def missing_images(nb: dict[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
-    """The figure outputs of ``nb`` with no static image beside the plotly JSON."""
-    return [(ci, oi, out) for ci, oi, out in figure_outputs(nb) if not any(m in out["data"] for m in IMAGE_MIMES)]
-
 
 def _dump(nb: dict[str, Any], newline: bool = True) -> str:
     """A notebook as nbformat writes it (sorted keys, one-space indent, UTF-8; papermill leaves out the final
