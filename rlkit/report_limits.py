@@ -20,19 +20,23 @@ GEN_FRACTION_TARGET = 0.70  # of standalone vLLM's output tokens/s at the same b
 BETWEEN_PHASES_TARGET = 0.05  # of the step
 
 
-def _limits_rows(root: Path) -> list[tuple[str, str, dict]]:
-    """(name, commit, limits row) of every notebook 05 run that trained two steps or more."""
+def _limits_row(root: Path, name: str, metrics: dict) -> dict:
+    """One committed run's phases against their limits, on the GPU its env.json names."""
     from rlkit.env import gpu_name, read_saved
     from rlkit.grpo import limits_row, phase_limits
+
+    return limits_row(name, phase_limits(metrics, gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))))
+
+
+def _limits_rows(root: Path) -> list[tuple[str, str, dict]]:
+    """(name, commit, limits row) of every notebook 05 run that trained two steps or more."""
     from rlkit.verl_logs import training_steps
 
     rows = []
     for prefix in ("", SEED_PREFIX, ONE_GPU_PREFIX):
         arms, commits = committed_arms(root, prefix=prefix)
-        for name, m in arms.items():
-            if len(training_steps(m.get("steps", []))) >= 2:
-                gpu = gpu_name(read_saved(root / "05_grpo_qwen3_4b" / name))
-                rows.append((name, commits[name], limits_row(name, phase_limits(m, gpu))))
+        rows += [(name, commits[name], _limits_row(root, name, m)) for name, m in arms.items()
+                 if len(training_steps(m.get("steps", []))) >= 2]
     return rows
 
 
@@ -70,8 +74,8 @@ def _correct(metrics: dict) -> bool:
 
 def fastest_pairs(root: Path = OUTPUTS_DIR) -> list[dict]:
     """Per shape (profile prefix), the fastest correct variant of arm 5 (``<prefix>5-...-<variant>``) and the arm-5
-    run of the same commit it beats, with both step times (means over steps 2..). Shapes without such a pair are
-    left out."""
+    run of the same commit it beats, with both step times (means over steps 2..) and the variant's phases against their
+    limits. Shapes without such a pair are left out."""
     pairs = []
     for prefix in (ONE_GPU_PREFIX, SEED_PREFIX):
         arms, commits = committed_arms(root, prefix=prefix, reruns=True)
@@ -83,7 +87,8 @@ def fastest_pairs(root: Path = OUTPUTS_DIR) -> list[dict]:
         if found:
             step, name, base_name = min(found)
             pairs.append({"shape": prefix.rstrip("-"), "variant": name, "base": base_name, "commit": commits[name],
-                          "step_s": step, "base_step_s": arms[base_name]["summary"]["step_s"]})
+                          "step_s": step, "base_step_s": arms[base_name]["summary"]["step_s"],
+                          "limits": _limits_row(root, name, arms[name])})
     return pairs
 
 
@@ -99,7 +104,6 @@ def speed_targets_section(root: Path = OUTPUTS_DIR) -> list[str]:
     if not pairs:
         return [f"*No arm-5 run and correct variant of it at one commit yet (`{ONE_GPU_PREFIX}arm5` and "
                 f"`{ONE_GPU_PREFIX}fast` in `scripts/node_session.sh` measure them in one lease).*"]
-    limits = {name: row for name, _, row in _limits_rows(root)}
     header = ("| shape | fastest correct variant | against | commit | step s | step change (target <= "
               f"{STEP_CHANGE_TARGET:.0%}) | update_actor MFU (>= {UPDATE_MFU_TARGET:.0%}) | gen of standalone vLLM "
               f"(>= {GEN_FRACTION_TARGET:.0%}) | between phases (<= {BETWEEN_PHASES_TARGET:.0%}) |")
@@ -107,7 +111,7 @@ def speed_targets_section(root: Path = OUTPUTS_DIR) -> list[str]:
              "the same commit; correct: trained every step and passed the sanity bar; means over steps 2..; "
              "`outputs/05_grpo_qwen3_4b/<run>/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for p in pairs:
-        row = limits.get(p["variant"], {})
+        row = p["limits"]
         change = p["step_s"] / p["base_step_s"] - 1
         mfu, gen, between = (row.get(k) for k in ("update_actor_fraction", "gen_fraction", "between_phases_share"))
         lines.append(f"| {p['shape']} | {p['variant']} | {p['base']} | {p['commit']} | {p['base_step_s']:.1f} -> "

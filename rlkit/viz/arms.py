@@ -112,9 +112,9 @@ def limits_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...]):
                 y.append(value)
                 hatch.append("/" if side != "measured" and limit is None else "")
                 text.append(share)
-        fig.add_bar(name="other" if phase == "between_phases" else phase, x=x, y=y, customdata=text,
-                    marker={"color": _PHASE_COLOURS.get("other" if phase == "between_phases" else phase),
-                            "pattern": {"shape": hatch}},
+        label = "other" if phase == "between_phases" else phase  # the timeline's name for the rest of the step
+        fig.add_bar(name=label, x=x, y=y, customdata=text,
+                    marker={"color": _PHASE_COLOURS.get(label), "pattern": {"shape": hatch}},
                     hovertemplate=f"{phase}: %{{y:.2f}} s (%{{customdata}})<extra>%{{x}}</extra>")
     fig.update_layout(barmode="stack", height=460, yaxis_title="seconds per step (steps 2..; step 1 if alone)", legend_title="phase",
                       title="each phase against its limit (rlkit.roofline)<br><sup>hatched: no limit known, drawn as "
@@ -182,13 +182,12 @@ def draw(state: dict[str, Any], data: dict[str, dict[str, Any]]) -> View:
 def load(results_dir: str | None = None, metrics: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Arm data: every arm under ``results_dir`` (``rlkit.grpo.read_arms``), else the one run ``metrics``."""
     from rlkit import grpo
+    from rlkit.env import gpu_name, read_saved
     from rlkit.recipe import arm_name
 
-    from rlkit.env import gpu_name, read_saved
-
     if not results_dir:  # this kernel's run: a launched one recorded its GPU with its limits
-        return {arm_name(metrics["recipe"]): arm_data(arm_name(metrics["recipe"]), metrics,
-                                                      (metrics.get("limits") or {}).get("gpu"))}
+        name = arm_name(metrics["recipe"])
+        return {name: arm_data(name, metrics, (metrics.get("limits") or {}).get("gpu"))}
     folders = grpo.arm_folders(results_dir)
     return {name: arm_data(name, m, gpu_name(read_saved(folders[name])))
             for name, m in grpo.read_arms(results_dir).items()}
