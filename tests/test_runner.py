@@ -110,12 +110,17 @@ RENDER_BODY = (
 )
 
 
-def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
-    path = _write_notebook(tmp_path / "demo.ipynb", RENDER_BODY)
+def _render_saved(tmp_path, body: str):
+    """Render a notebook of ``body`` over a saved run whose metrics hold x = 7: (notebook path, folder, result)."""
+    path = _write_notebook(tmp_path / "demo.ipynb", body)
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "metrics.json").write_text(json.dumps({"x": 7}))
-    result = R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+    return path, saved, R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+
+
+def test_render_adds_an_executed_notebook_to_saved_results(tmp_path):
+    path, saved, result = _render_saved(tmp_path, RENDER_BODY)
     assert result.ok, result.error
     executed = nbformat.read(saved / "executed.ipynb", as_version=4)
     assert "rendered 7" in executed.cells[-1].outputs[0]["text"]
@@ -131,11 +136,7 @@ def test_a_render_whose_figures_have_no_static_image_says_so(tmp_path, monkeypat
     switched off, as on a machine without Chromium) the render succeeds and its summary says what to run."""
     monkeypatch.setenv("RLKIT_STATIC_FIGURES", "0")
     body = RENDER_BODY + "import plotly.graph_objects as go, rlkit.viz\nrlkit.viz.show(go.Figure(go.Bar(y=[1, 2])))\n"
-    path = _write_notebook(tmp_path / "demo.ipynb", body)
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "metrics.json").write_text(json.dumps({"x": 7}))
-    result = R.render(path, {"x": 1, "label": "a"}, saved, progress=False)
+    _, _, result = _render_saved(tmp_path, body)
     assert result.ok, result.error
     assert result.warning.startswith("1 figure(s) without a static image") and "rlkit figures" in result.warning
     assert "WARNING: 1 figure(s) without a static image" in R.summary([result])
