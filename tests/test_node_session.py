@@ -116,3 +116,27 @@ def test_the_pack_keeps_results_and_leaves_weights_behind(tmp_path):
     with tarfile.open(out / "session.tgz") as tar:
         assert sorted(m.name for m in tar.getmembers()) == ["DONE", "progress.txt"]
     assert proc.stdout.strip().endswith("MiB  total")
+
+
+def test_a_poll_packs_even_when_the_session_has_not_ended(tmp_path):
+    """scripts/node_poll.sh: a poll whose wait runs out still packs what the session has, so a machine that goes back
+    after the call takes nothing already polled; one whose session has ended says so."""
+    root, out = tmp_path / "s", tmp_path / "out"
+    (root / "seed-arm5").mkdir(parents=True)
+    (root / "seed-arm5" / "progress.txt").write_text("10:13:56 h200-seed-5 start\n")
+    (root / "progress.txt").write_text("10:13:56 seed-arm5/seed-arm5 start\n")
+    poll = ["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(root), str(out), "0"]
+    running = subprocess.run(poll, capture_output=True, text=True, timeout=60, check=False)
+    assert running.returncode == 0, running.stderr
+    assert "session still running after 0s" in running.stdout and "h200-seed-5 start" in running.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["seed-arm5.tgz", "session.tgz"]
+    (root / "DONE").write_text("0\n")
+    ended = subprocess.run(poll[:-1] + ["600"], capture_output=True, text=True, timeout=60, check=False)
+    assert ended.returncode == 0 and "session ended" in ended.stdout
+
+
+def test_a_poll_refuses_a_wait_that_is_not_seconds(tmp_path):
+    (tmp_path / "s").mkdir()
+    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(tmp_path / "s"), str(tmp_path),
+                           "9m"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "SECONDS must be a whole number" in proc.stderr
