@@ -140,3 +140,17 @@ def test_a_poll_refuses_a_wait_that_is_not_seconds(tmp_path):
     proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(tmp_path / "s"), str(tmp_path),
                            "9m"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "SECONDS must be a whole number" in proc.stderr
+
+
+def test_a_poll_waits_for_the_driver_to_make_its_root(tmp_path):
+    """A poll started right after the driver waits for ROOT within its time, and names the fix when ROOT never comes."""
+    root = tmp_path / "s"
+    poll = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(root), str(tmp_path / "out"), "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root.mkdir()
+    (root / "DONE").write_text("0\n")
+    out, err = poll.communicate(timeout=60)
+    assert poll.returncode == 0 and "session ended" in out, err
+    missing = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(tmp_path / "none"),
+                              str(tmp_path / "out"), "0"], capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 2 and "start scripts/node_session.sh first" in missing.stderr
