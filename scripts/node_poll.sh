@@ -6,11 +6,11 @@
 set -u
 root=${1:?give the session root}; out=${2:?give the folder to pack into, e.g. \$OUT}; seconds=${3:-540}
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "SECONDS must be a whole number of seconds, not '$seconds'" >&2; exit 2; }
+# One wait serves both: the call that starts the driver may poll before the driver has made ROOT (session 16's first
+# poll did), and DONE lies inside ROOT.
 deadline=$((SECONDS + seconds))
-# The call that starts the driver may poll at once, before the driver has made ROOT (session 16's first poll did).
-while [ ! -d "$root" ] && [ $SECONDS -lt $deadline ]; do sleep 1; done
+while [ ! -e "$root/DONE" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
 [ -d "$root" ] || { echo "no session root $root after ${seconds}s: start scripts/node_session.sh first" >&2; exit 2; }
-while [ ! -e "$root/DONE" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
 cat "$root/progress.txt" 2>/dev/null
 for job in "$root"/*/; do tail -n 2 "$job/progress.txt" 2>/dev/null; done
 if [ -e "$root/DONE" ]; then echo "session ended"; else echo "session still running after ${seconds}s"; fi

@@ -30,6 +30,14 @@ def _driver(root: Path, *jobs: str, dry: bool = False, timeout: int = 60) -> sub
                           timeout=timeout, check=False)
 
 
+def _poll_command(root: Path, out: Path, seconds: str) -> list[str]:
+    return ["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(root), str(out), seconds]
+
+
+def _poll(root: Path, out: Path, seconds: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_poll_command(root, out, seconds), capture_output=True, text=True, timeout=60, check=False)
+
+
 def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
@@ -125,32 +133,29 @@ def test_a_poll_packs_even_when_the_session_has_not_ended(tmp_path):
     (root / "seed-arm5").mkdir(parents=True)
     (root / "seed-arm5" / "progress.txt").write_text("10:13:56 h200-seed-5 start\n")
     (root / "progress.txt").write_text("10:13:56 seed-arm5/seed-arm5 start\n")
-    poll = ["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(root), str(out), "0"]
-    running = subprocess.run(poll, capture_output=True, text=True, timeout=60, check=False)
+    running = _poll(root, out, "0")
     assert running.returncode == 0, running.stderr
     assert "session still running after 0s" in running.stdout and "h200-seed-5 start" in running.stdout
     assert sorted(p.name for p in out.iterdir()) == ["seed-arm5.tgz", "session.tgz"]
     (root / "DONE").write_text("0\n")
-    ended = subprocess.run(poll[:-1] + ["600"], capture_output=True, text=True, timeout=60, check=False)
+    ended = _poll(root, out, "600")
     assert ended.returncode == 0 and "session ended" in ended.stdout
 
 
 def test_a_poll_refuses_a_wait_that_is_not_seconds(tmp_path):
     (tmp_path / "s").mkdir()
-    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(tmp_path / "s"), str(tmp_path),
-                           "9m"], capture_output=True, text=True, timeout=60, check=False)
+    proc = _poll(tmp_path / "s", tmp_path, "9m")
     assert proc.returncode == 2 and "SECONDS must be a whole number" in proc.stderr
 
 
 def test_a_poll_waits_for_the_driver_to_make_its_root(tmp_path):
     """A poll started right after the driver waits for ROOT within its time, and names the fix when ROOT never comes."""
     root = tmp_path / "s"
-    poll = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(root), str(tmp_path / "out"), "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    poll = subprocess.Popen(_poll_command(root, tmp_path / "out", "30"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     root.mkdir()
     (root / "DONE").write_text("0\n")
     out, err = poll.communicate(timeout=60)
     assert poll.returncode == 0 and "session ended" in out, err
-    missing = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "node_poll.sh"), str(tmp_path / "none"),
-                              str(tmp_path / "out"), "0"], capture_output=True, text=True, timeout=60, check=False)
+    missing = _poll(tmp_path / "none", tmp_path / "out", "0")
     assert missing.returncode == 2 and "start scripts/node_session.sh first" in missing.stderr
