@@ -19,14 +19,20 @@
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   vllm-ceiling-1gpu  standalone vLLM at the h200-1gpu profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
-#   seed-arm1         arm 1 alone at the seed's workload: the base of seed-padded and seed-unfused at the same lr (23)
+#   seed-arm0         arm 0 (stock) at the seed's workload; its failure is the result the planner predicts (41)
+#   seed-arm1         arm 1 alone at the seed's workload: the arc's arm, and the base of seed-padded and seed-unfused
+#                     at the same lr (23, 41)
+#   seed-arm2         arm 2 (the old-log-prob skip) at the seed's workload (41)
+#   seed-arm3         arm 3 (pinned host buffers) at the seed's workload (41)
+#   seed-arm4         arm 4 at the seed's workload: its rank-0 owner is a no-op on one GPU, so it runs arm 3's work (41)
 #   seed-padded       arm 1 at the seed's workload with padded SDPA at 12,288 tokens per micro-batch, the largest the
 #                     planner fits on the 47.4 GiB card padded (24,576: 56.6 GiB), for the 1.3x update tokens/s target (23)
 #   seed-unfused      arm 1 at the seed's workload with verl's unfused full logits; an OOM is the result (23)
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
 #   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
 #   seed-compiled     arm 5 at the seed's workload with the compiled RMSNorm, rotary and SwiGLU (24)
-#   seed-arm5         arm 5 alone at the seed's workload: the base of seed-levers at the same commit (24)
+#   seed-arm5         arm 5 alone at the seed's workload: the arc's arm, and the base of seed-levers at the same
+#                     commit (24, 41)
 #   seed-levers       arm 5 at the seed's workload with every lever: the overlapped copies (no rank-0 owner on one
 #                     GPU), the compiled RMSNorm, rotary and SwiGLU, and the replay-buffer poll at 0.2 s (24)
 #   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
@@ -37,6 +43,11 @@ set -u
 root=${1:?give a results root}; shift
 [ $# -gt 0 ] || { echo "give one or more jobs (see the header of $0)" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
+
+arm_of() {  # the arm (rlkit.recipe.ARMS) a seed-arm<N> job runs
+  local arms=(0-stock 1-fixes-hostadamw 2-skip-old-logprob 3-pinned 4-rank0-owner 5-master-on-host-cast-once)
+  echo "${arms[$1]}"
+}
 
 set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
@@ -56,7 +67,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     vllm-ceiling-1gpu) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-1gpu) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
-    seed-arm1) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
+    seed-arm[0-5]) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" "$(arm_of "${job#seed-arm}")") ;;
     seed-padded) padded="-p attn_implementation=sdpa -p use_remove_padding=false -p ppo_max_token_len_per_gpu=12288"
                  cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$padded" RLKIT_TAG_SUFFIX=-padded-tok12288 scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-unfused) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p logits=full -p expect_failure=true" RLKIT_TAG_SUFFIX=-unfused
@@ -67,7 +78,6 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                     scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-compiled) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled -p pointwise=compiled"
                         RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
-    seed-arm5) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-levers) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
                       scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-arm5) cmd=("${one_gpu[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
