@@ -16,24 +16,13 @@ import sys
 from pathlib import Path
 
 from rlkit.env import REPO_ROOT
+from rlkit.like_for_like import ATTENTION_PATH, judge, pair
+from rlkit.report_arc import (ARC_PEAK_CUT_GIB, ARC_STEP_TIME_CUT, FIRST_WORKING_ARM, planner_cell,
+                              seed_arc_table)
 from rlkit.report_limits import limits_section, speed_targets_section
 from rlkit.report_notebooks import SECTIONS, SEED_PREFIX, committed_arms, determinism_section, learning_section, load_committed
 from rlkit.report_profile import update_profile_section
 from rlkit.results import OUTPUTS_DIR, committed_runs, fmt
-
-
-def _planner_cell(check: dict | None) -> str:
-    """The planner for one arm in a few characters: its actor GiB and the ratio to the measured peak, or the
-    failure it predicts."""
-    if check is None:
-        return "-"
-    if check.get("measured_actor_peak_gib"):
-        return f"{check['planner_actor_peak_gib']:.2f} GiB (x{check['ratio']:.2f})"
-    if "measured_oom_phase" in check:
-        return f"{check['planner_actor_peak_gib']:.1f} GiB > card: {'agrees' if check['agrees'] else 'DISAGREES'}"
-    if "planner_free_at_vllm_start_gib" in check:
-        return f"{check['planner_free_at_vllm_start_gib']:.1f} GiB free at vLLM start (x{check['ratio']:.2f})"
-    return check["planner_verdict"]
 
 
 SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # notebook 06's point folders: <case>-u<util>
@@ -71,7 +60,7 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | "
                      f"{fmt(s.get('host_memory_used_gib'), '.1f')} | {fmt(s.get('grad_norm'), '.3f')} | "
                      f"{fmt(s.get('pg_loss'), '.2e')} | {'passed' if check.get('passed') else ('-' if not check else 'FAILED')} | "
-                     f"{fmt(check.get('rank_max_abs_diff'), 'g')} | {_planner_cell(planner_check(m))} |")
+                     f"{fmt(check.get('rank_max_abs_diff'), 'g')} | {planner_cell(planner_check(m))} |")
     lines += ["", "`planner`: `rlkit.budget` for the arm's exact overrides: the actor's largest total and its ratio to the "
               "measured peak, the OOM it predicts, or the free memory it leaves vLLM at start-up against vLLM's reading.",
               "", "`device peak used`: NVML's 1 Hz reading of the whole GPU (the actor, the sleeping vLLM engine, every CUDA "
@@ -82,13 +71,6 @@ def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
               "less its value before verl started (runs since the second device session). `host used after update`: "
               "verl's actor/perf/cpu_memory_used_gb, the node's used memory (all processes) at the end of update_actor."]
     return lines + ["", arc_summary({name: m for name, m in loaded.items() if name in ARMS}, commits)]
-
-
-# The issue's targets for the full arc against the first working arm (seed 000 on 2 x A6000: 445-450 s -> 369.4 s,
-# peak 41.28 -> 33.38 GB).
-ARC_STEP_TIME_CUT = 0.16
-ARC_PEAK_CUT_GIB = 7.0
-FIRST_WORKING_ARM = "1-fixes-hostadamw"
 
 
 def arc_summary(arms: dict[str, dict], commits: dict[str, str] | None = None) -> str:
@@ -121,9 +103,10 @@ def arc_summary(arms: dict[str, dict], commits: dict[str, str] | None = None) ->
                 f"{', '.join(missing)} at this response length and token budget).")
     f = arms[full]["summary"]
     cut, drop = 1 - f["step_s"] / b["step_s"], b["actor_max_allocated_gib"] - f["actor_max_allocated_gib"]
-    return (text + f" Full arc ({full}): step time {cut:.1%} shorter (target {ARC_STEP_TIME_CUT:.0%}: "
-            f"{'met' if cut >= ARC_STEP_TIME_CUT else 'not met'}), actor peak {drop:.2f} GiB lower (target "
-            f"{ARC_PEAK_CUT_GIB:g} GiB: {'met' if drop >= ARC_PEAK_CUT_GIB else 'not met'})"
+    pairing = pair(arms[full], base, (commits or {}).get(full, "-"), (commits or {}).get(FIRST_WORKING_ARM, "-"))
+    return (text + f" Full arc ({full}; {pairing.basis}): step time {cut:.1%} shorter (target {ARC_STEP_TIME_CUT:.0%}: "
+            f"{judge(pairing, cut >= ARC_STEP_TIME_CUT)}), actor peak {drop:.2f} GiB lower (target "
+            f"{ARC_PEAK_CUT_GIB:g} GiB: {judge(pairing, drop >= ARC_PEAK_CUT_GIB)})"
             + (f"; arms without a complete run: {', '.join(missing)}." if missing else "."))
 
 
@@ -140,8 +123,9 @@ def util_sweep_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return util_sweep.answer_lines(runs) if runs else [f"*{util_sweep.NOTEBOOK}: no committed GPU results yet.*"]
 
 
-def arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
-    """README's headline: the seed's arms (rlkit.grpo.ARMS) in a few columns, then :func:`arc_summary`."""
+def standin_table(root: Path = OUTPUTS_DIR) -> list[str]:
+    """docs/results.md's history: the seed's arms at the stand-in shape (the h200 profile on two GPUs, before the
+    seed's own workload ran), in a few columns, then :func:`arc_summary`."""
     from rlkit.grpo import outcome
     from rlkit.recipe import ARMS
 
@@ -150,9 +134,11 @@ def arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
     if not arms:
         return ["*05_grpo_qwen3_4b: no committed GPU results yet.*"]
     r = next(iter(arms.values()))["recipe"]
-    lines = [f"**The seed's arc: verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a "
-             f"{r['emulate_gpu_gib']:g} GiB card** ({r['train_batch_size']} x {r['rollout_n']}, prompt "
-             f"{r['max_prompt_length']}; means over steps 2..; `outputs/05_grpo_qwen3_4b/<arm>/metrics.json`):", "",
+    lines = [f"**History: the seed's arc at the stand-in shape, before the seed's own workload ran: verl 0.9.1 + vLLM "
+             f"0.24 GRPO, Qwen3-4B (random init), 2 x H200 each emulating a {r['emulate_gpu_gib']:g} GiB card** "
+             f"({r['train_batch_size']} x {r['rollout_n']}, prompt {r['max_prompt_length']}, responses and tokens per "
+             "micro-batch as each row says, one run per arm, arms from several commits; means over steps 2..; "
+             "`outputs/05_grpo_qwen3_4b/<arm>/metrics.json`):", "",
              "| arm | response, tokens/micro-batch | outcome | step (s) | actor peak alloc. (GiB) | tokens/s/GPU |",
              "|---|---|---|---|---|---|"]
     for name in ARMS:
@@ -229,8 +215,8 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(s.get('update_actor_s'))} | {fmt(s.get('throughput_tok_s_per_gpu'), '.0f')} | "
                      f"{fmt(s.get('actor_max_allocated_gib'), '.2f')} / {fmt(s.get('actor_max_reserved_gib'), '.2f')} | "
                      f"{fmt(max(s['gpu_peak_used_gib']) if s.get('gpu_peak_used_gib') else None, '.2f')} | "
-                     f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {_planner_cell(planner_check(m))} |")
-    lines += _variant_lines(loaded) + _same_sample_lines(loaded) + _length_band_lines(loaded)
+                     f"{fmt(s.get('host_peak_above_baseline_gib'), '.1f')} | {planner_cell(planner_check(m))} |")
+    lines += _variant_lines(loaded, commits) + _same_sample_lines(loaded, commits) + _length_band_lines(loaded)
     drift = "; ".join(f"{name}: " + " -> ".join(fmt(step.get("response_length/mean"), ".0f")
                                                for step in training_steps(m.get("steps", [])))
                       for name, m in loaded.items() if training_steps(m.get("steps", [])))
@@ -287,15 +273,25 @@ def _varied_run(name: str, loaded: dict[str, dict]) -> str | None:
     return max((b for b in loaded if name.startswith(b + "-")), key=len, default=None)
 
 
-def _padding_target(variant: dict, base: dict, ratio: float | None) -> str:
-    """For a padded variant of an unpadded run, whether the base's update speed meets the 1.3x target."""
-    if ratio is None or variant["recipe"].get("use_remove_padding") or not base["recipe"].get("use_remove_padding"):
+# a padded variant differs from its unpadded base in the attention path by design, and in the tokens per micro-batch
+# where the planner fits only fewer padded (its line says so)
+PADDING_VARIES = (*ATTENTION_PATH, "ppo_max_token_len_per_gpu")
+
+
+def _is_padding_pair(variant: dict, base: dict) -> bool:
+    return not variant["recipe"].get("use_remove_padding") and bool(base["recipe"].get("use_remove_padding"))
+
+
+def _padding_target(variant: dict, base: dict, ratio: float | None, pairing) -> str:
+    """For a padded variant of an unpadded run, whether the base's update speed meets the 1.3x target, judged only
+    on a like-for-like pair (:mod:`rlkit.like_for_like`)."""
+    if ratio is None or not _is_padding_pair(variant, base):
         return ""
-    met = "met" if ratio >= REMOVE_PADDING_SPEEDUP_TARGET else "not met"
-    return f" Remove-padding target {REMOVE_PADDING_SPEEDUP_TARGET}x: {met}."
+    return (f" Remove-padding target {REMOVE_PADDING_SPEEDUP_TARGET}x: "
+            f"{judge(pairing, ratio >= REMOVE_PADDING_SPEEDUP_TARGET)} ({pairing.basis}).")
 
 
-def _variant_lines(loaded: dict[str, dict]) -> list[str]:
+def _variant_lines(loaded: dict[str, dict], commits: dict[str, str]) -> list[str]:
     """Each run named ``<run>-<variant>`` (e.g. ``-padded``: padded SDPA; ``-overlap``: HostAdamW's overlapped
     copies) against the run it varies: update tokens/s and step time, each side's own measurement."""
     from rlkit.grpo import outcome
@@ -313,24 +309,14 @@ def _variant_lines(loaded: dict[str, dict]) -> list[str]:
         step, base_step = (m.get("summary") or {}).get("step_s"), (loaded[base].get("summary") or {}).get("step_s")
         ratio = theirs / ours if ours and theirs else None
         change = f"{step / base_step - 1:+.0%}" if step and base_step else "-"
+        varies = PADDING_VARIES if _is_padding_pair(m, loaded[base]) else ()
+        pairing = pair(m, loaded[base], commits[name], commits[base], varies=varies)
         out.append(f"- `{name}` against `{base}`: update_actor {fmt(ours, '.0f')} against {fmt(theirs, '.0f')} tokens/s "
                    f"(`{base}` {f'{ratio:.2f}x' if ratio else '-'} the variant's), step {fmt(step)} against {fmt(base_step)} s ({change})."
-                   + _unlike(m, loaded[base]) + _padding_target(m, loaded[base], ratio) + _planner_at_base_tokens(m, loaded[base]))
+                   + ("" if pairing.like or varies else f" {pairing.basis[0].upper()}{pairing.basis[1:]}.")
+                   + _padding_target(m, loaded[base], ratio, pairing) + _planner_at_base_tokens(m, loaded[base]))
     return ["", "Variants against the run they vary (update tokens per second of update_actor, steps 2..):", *out] \
         if out else []
-
-
-# recipe fields that change what a step computes besides the variant's own switch: a variant that differs from its base
-# in one of them is not compared like for like (its step time least of all)
-WORKLOAD_FIELDS = ("response_length_mean", "lr", "steps")
-
-
-def _unlike(variant: dict, base: dict) -> str:
-    """What makes a variant and its base other workloads, for the comparison's line ('' when nothing does)."""
-    ours, theirs = variant["recipe"], base["recipe"]
-    differ = [f"{key} {ours.get(key)!r} against {theirs.get(key)!r}" for key in WORKLOAD_FIELDS
-              if ours.get(key) != theirs.get(key)]
-    return f" Not like for like: {', '.join(differ)}." if differ else ""
 
 
 def _planner_at_base_tokens(variant: dict, base: dict) -> str:
@@ -357,7 +343,7 @@ def _first_step(metrics: dict) -> tuple[dict, float] | None:
     return (first[0], speed) if speed else None
 
 
-def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
+def _same_sample_lines(loaded: dict[str, dict], commits: dict[str, str]) -> list[str]:
     """Step 1 of each variant against step 1 of every run of the arm it varies (its reruns included) that sampled
     the same workload. Step 1's rollout comes before any update, so the lr does not enter it; that the two runs
     processed the same tokens (within SAME_SAMPLE_TOLERANCE) is the check that their prompts, model and lengths were
@@ -381,7 +367,9 @@ def _same_sample_lines(loaded: dict[str, dict]) -> list[str]:
                        f"{our_speed:.0f} against {their_speed:.0f} tokens/s (`{other}` {ratio:.2f}x the variant's), "
                        f"old_log_prob {ours['timing_s/old_log_prob']:.1f} against {theirs['timing_s/old_log_prob']:.1f} s, "
                        f"step {ours['timing_s/step']:.1f} against {theirs['timing_s/step']:.1f} s."
-                       + _padding_target(m, loaded[other], ratio))
+                       + _padding_target(m, loaded[other], ratio, pair(
+                           m, loaded[other], commits[name], commits[other], step1=True,
+                           varies=PADDING_VARIES if _is_padding_pair(m, loaded[other]) else ())))
     return ["", "Step 1 of the same sampled workload (the runs' tokens agree within "
             f"{SAME_SAMPLE_TOLERANCE:.1%}; step 1 includes each phase's one-off start-up on both sides):", *out] if out else []
 
@@ -396,10 +384,10 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
-BLOCKS = {"arc": arc_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
+BLOCKS = {"arc": seed_arc_table, "standin": standin_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
           "targets": speed_targets_section, "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
           "learning": learning_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("results", "seed", "limits", "targets", "profile", "determinism", "learning"),
+DOCS = {"README.md": ("arc",), "docs/results.md": ("standin", "results", "seed", "limits", "targets", "profile", "determinism", "learning"),
         "docs/lab-notes.md": ("reruns",)}
 
 

@@ -52,7 +52,8 @@ def test_readme_is_a_front_page():
     assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail into docs/"
     begin, _ = report.markers("arc")
     head = "\n".join(lines[:40])
-    assert begin in head and "Full arc" in head, "the headline (the seed's arc) belongs on the first screen"
+    assert begin in head and "The seed's arc at the seed's workload, commit" in head, \
+        "the headline (the seed's arc at the seed's workload, from one commit) belongs on the first screen"
     for command in ("make demo", "make test", "make lab"):
         assert command in "\n".join(lines), command
     for doc in DOCS[1:]:

@@ -40,7 +40,8 @@ def test_missing_results_are_said_not_invented(tmp_path):
     root = _git_repo(tmp_path)
     block = report.results_block(root=root)
     assert block.count("no committed GPU results yet") == len(report.SECTIONS) + 2  # + the verl arms and the sweep
-    assert "no committed GPU results yet" in report.block("arc", root)
+    assert "no committed GPU results yet" in report.block("standin", root)
+    assert "no committed run of the seed's workload at lr 0 yet" in report.block("arc", root)
     assert "no committed re-runs yet" in report.block("reruns", root)
     assert "no committed runs of the seed's workload yet" in report.block("seed", root)
     assert "07_does_it_learn: no committed GPU runs yet" in report.block("learning", root)
@@ -137,10 +138,15 @@ def test_arc_summary_judges_the_full_arc_against_the_targets():
     sessions = {report.FIRST_WORKING_ARM: "aaa", later[0]: "bbb"}
     assert "+1.00 GiB (another device session: bbb vs aaa)" in report.arc_summary({**base, later[0]: _arm(90.0, 41.0)}, sessions)
     assert "not measured yet" in partial and later[-1] in partial.split("no complete run of")[1]  # other response length
-    met = report.arc_summary({**base, later[-1]: _arm(84.0, 33.0)})
+    one_commit = {a: "aaa" for a in ARMS}
+    met = report.arc_summary({**base, later[-1]: _arm(84.0, 33.0)}, one_commit)
     assert "16.0% shorter (target 16%: met)" in met and "7.00 GiB lower (target 7 GiB: met)" in met
     assert f"arms without a complete run: {', '.join(later[:-1])}." in met
-    missed = report.arc_summary({**base, **{a: _arm(85.0, 33.5) for a in later}})
+    # the same numbers from two commits are not like for like: never "met"
+    unlike = report.arc_summary({**base, later[-1]: _arm(84.0, 33.0)}, {**one_commit, later[-1]: "bbb"})
+    assert "met" not in unlike.replace("not measured", "").split("Full arc")[1].replace("not judged", "")
+    assert "(target 16%: not judged)" in unlike and "not like for like: commit bbb against aaa" in unlike
+    missed = report.arc_summary({**base, **{a: _arm(85.0, 33.5) for a in later}}, one_commit)
     assert "15.0% shorter (target 16%: not met)" in missed and "6.50 GiB lower (target 7 GiB: not met)" in missed
     assert "arms without" not in missed
     assert "not measured yet" in report.arc_summary({**base, later[-1]: _arm(50.0, 20.0, trained=False)})
@@ -195,7 +201,7 @@ def test_a_variant_of_another_workload_or_without_steps_says_so(tmp_path):
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
     lines = report.seed_workload_section(root)
     (line,) = [x for x in lines if x.startswith(f"- `{other}` against `{base}`") and "tokens, response mean" not in x]
-    assert line.endswith("Not like for like: response_length_mean 1400 against 1200, lr 0.0 against 1e-06.")
+    assert line.endswith("Not like for like: response_length_mean 1400 against 1200; lr 0.0 against 1e-06.")
     (line,) = [x for x in lines if x.startswith(f"- `{failed}` against `{base}`")]
     assert "torch_oom in update_actor" in line and line.endswith("no step to compare.")
     (drift,) = [x for x in lines if x.startswith("Response-length mean per step")]
@@ -218,7 +224,9 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     speed = [s["perf/total_num_tokens"] / s["timing_s/update_actor"] for s in first]
     (line,) = [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
     assert f"update_actor {speed[0]:.0f} against {speed[1]:.0f} tokens/s" in line
-    assert f"{speed[1] / speed[0]:.2f}x the variant's" in line and line.endswith("target 1.3x: met.")
+    assert f"{speed[1] / speed[0]:.2f}x the variant's" in line
+    assert line.endswith("target 1.3x: met (like for like: the same commit (957fbb3), profile and settings apart from "
+                         "attn_implementation, use_remove_padding, ppo_max_token_len_per_gpu).")
     (steps_line,) = [x for x in report.seed_workload_section(root)
                      if x.startswith(f"- `{variant}` against `h200-seed-1-fixes-hostadamw`:")]
     assert "The planner for the variant at 24,576 tokens: OOM in update_fwd_bwd" in steps_line  # why it ran at 12,288

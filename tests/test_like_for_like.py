@@ -1,0 +1,110 @@
+"""rlkit.like_for_like: a target is judged only on a like-for-like pair, in every block that judges one (issue 41).
+
+The pairs are committed runs of notebook 05, changed one field at a time: each field of the rule turns a like pair
+unlike, and the report's blocks then never print "met" for it."""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from rlkit import like_for_like as lfl
+from rlkit import report
+from rlkit.results import OUTPUTS_DIR
+
+RUNS = OUTPUTS_DIR / "05_grpo_qwen3_4b"
+PADDED, UNPADDED = "h200-seed-1-fixes-hostadamw-padded-tok12288", "h200-seed-1-fixes-hostadamw.session10-lr0"
+
+
+def _metrics(name: str) -> dict:
+    return json.loads((RUNS / name / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("field", [*lfl.PROFILE_FIELDS, *lfl.SETTING_FIELDS])
+def test_each_field_of_the_rule_makes_a_pair_unlike(field):
+    run = _metrics(UNPADDED)
+    other = copy.deepcopy(run)
+    other["recipe"][field] = "something else"
+    assert lfl.pair(run, run, "abc1234", "abc1234").like
+    pairing = lfl.pair(other, run, "abc1234", "abc1234")
+    assert not pairing.like and field in pairing.basis
+    assert lfl.judge(pairing, True) == "not judged" and lfl.judge(pairing, False) == "not judged"
+    assert lfl.pair(other, run, "abc1234", "abc1234", varies=(field,)).like  # the field the comparison is about
+
+
+def test_another_or_an_unknown_commit_is_unlike():
+    run = _metrics(UNPADDED)
+    assert not lfl.pair(run, run, "abc1234", "def5678").like
+    assert not lfl.pair(run, run, "-", "-").like  # no commit recorded: nothing says they are the same code
+
+
+def test_the_same_step1_sample_admits_a_step1_comparison_only_and_says_so():
+    run = _metrics(UNPADDED)
+    other = copy.deepcopy(run)
+    other["recipe"]["lr"] = 1e-6
+    assert not lfl.pair(other, run, "abc1234", "def5678").like  # steps 2.. differ with the lr
+    pairing = lfl.pair(other, run, "abc1234", "def5678", step1=True)
+    first = run["steps"][0] if "timing_s/step" in run["steps"][0] else run["steps"][1]
+    assert pairing.like and f"the same sampled tokens ({int(first['perf/total_num_tokens']):,})" in pairing.basis
+    assert "commit abc1234 against def5678" in pairing.basis and "lr" in pairing.basis
+    for step in other["steps"]:  # one token more at step 1: another sample
+        if "perf/total_num_tokens" in step:
+            step["perf/total_num_tokens"] += 1
+            break
+    assert not lfl.pair(other, run, "abc1234", "def5678", step1=True).like
+
+
+def _repo_with(tmp_path, names: dict[str, str]):
+    """A git repo whose outputs/05_grpo_qwen3_4b holds committed runs copied under new names."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    root = tmp_path / "outputs"
+    for new, old in names.items():
+        shutil.copytree(RUNS / old, root / "05_grpo_qwen3_4b" / new)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    return root
+
+
+def _set_commit(root, name: str, sha: str) -> None:
+    env = root / "05_grpo_qwen3_4b" / name / "env.json"
+    env.write_text(json.dumps({**json.loads(env.read_text()), "git_sha": sha}))
+
+
+def test_the_remove_padding_target_is_never_met_on_an_unlike_pair(tmp_path):
+    """The padded run and arm 1's rerun of its commit meet the 1.3x target like for like; the same two runs with the
+    rerun's commit changed are no longer like for like, and no line of the seed block calls the target met."""
+    base = "h200-seed-1-fixes-hostadamw"
+    root = _repo_with(tmp_path, {base: UNPADDED, f"{base}-padded": PADDED})
+    judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
+    assert judged and all("target 1.3x: met (like for like: the same commit" in x for x in judged)
+    _set_commit(root, base, "f" * 40)
+    judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
+    assert judged and not [x for x in judged if "1.3x: met" in x]
+    assert all("target 1.3x: not judged (not like for like: commit" in x for x in judged)
+
+
+def test_the_arc_is_one_commit_and_arm_5_is_judged_against_arm_1_of_it(tmp_path):
+    """The headline takes the commit whose lr-0 seed runs cover the most arms; a run of another commit is not in it;
+    arm 5 against arm 1 is judged only when both come from that commit."""
+    from rlkit import report_arc
+
+    arm1, arm5 = "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
+    root = _repo_with(tmp_path, {f"{arm1}.session1": "h200-seed-1-fixes-hostadamw.session19",
+                                 f"{arm1}.session2": "h200-seed-1-fixes-hostadamw.session19",
+                                 f"{arm5}.session1": "h200-seed-5-master-on-host-cast-once.session18",
+                                 f"{arm5}.session0": "h200-seed-5-master-on-host-cast-once.session17"})
+    for name in (f"{arm1}.session1", f"{arm1}.session2", f"{arm5}.session1"):
+        _set_commit(root, name, "a" * 40)
+    commit, runs, _ = report_arc.arc_runs(root)
+    assert commit == "aaaaaaa" and sorted(runs) == [f"{arm1}.session1", f"{arm1}.session2", f"{arm5}.session1"]
+    text = "\n".join(report_arc.seed_arc_table(root))
+    assert f"{arm5}.session0" not in text and "| 2-skip-old-logprob | - | no run at aaaaaaa yet |" in text
+    assert "like for like: the same commit (aaaaaaa)" in text and "step spread 0.0%" in text
+    assert "its rank-0 owner is a no-op on one rank" not in text  # arm 4 has no run to note
+
+    _set_commit(root, f"{arm5}.session1", "b" * 40)  # arm 5 now from another commit: out of the arc, nothing judged
+    text = "\n".join(report_arc.seed_arc_table(root))
+    assert "| 5-master-on-host-cast-once | - | no run at aaaaaaa yet |" in text and "not judged" in text
+    assert ": met" not in text
