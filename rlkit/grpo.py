@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -56,18 +57,50 @@ def host_memory_summary(sampler) -> dict[str, Any]:
             "baseline_gib": used[0], "peak_used_gib": max(used), "peak_above_baseline_gib": max(used) - used[0]}
 
 
+# idle samples before verl starts: the device baseline each phase's peak is measured from
+BASELINE_SAMPLES = 3
+
+
+def _gpu_memory_record(sampler, processes) -> dict[str, Any]:
+    """The device samples of a launch with their marks (``launch`` and ``logged:step<N>``, when each trained step's
+    line arrived), so that each phase's peak can be placed afterwards (rlkit.experiments.util_sweep.timeline), and
+    the per-process samples where they could be read."""
+    return {**sampler.summary(), "timeline": [[round(t, 1), [round(u, 3) for u in used]] for t, used in sampler.samples],
+            "marks": [[round(t, 2), name] for t, name in sampler.marks],
+            "process_samples": None if processes is None else [
+                [round(t, 1), [[pid, round(gib, 3), name] for pid, gib, name in held]] for t, held in processes.samples]}
+
+
 def launch_verl(recipe: GRPORecipe, overrides: list[str], out_dir: Path) -> dict[str, Any]:
-    """:func:`rlkit.verl_job.launch_job` beside the 1 Hz device and host memory samplers; the ranks' weights
-    after each optimizer step are checked (``sanity_failures`` names every step where they differ)."""
+    """:func:`rlkit.verl_job.launch_job` beside the 1 Hz device and host memory samplers (the device one marks
+    when each trained step's line arrives); the ranks' weights after each optimizer step are checked
+    (``sanity_failures`` names every step where they differ)."""
+    from rlkit.measure import MemorySampler, SamplerUnavailable, gpu_process_memory_reader
+    from rlkit.verl_logs import logged_training_step
+
     sampler, host_sampler = _start_samplers()
+    processes = None
+    if sampler is not None:
+        try:
+            processes = MemorySampler(interval_s=sampler.interval_s, reader=gpu_process_memory_reader(),
+                                      source="per-process", origin=sampler.origin).start()
+        except SamplerUnavailable as err:
+            print(f"no per-process GPU memory sampling: {err}")
+        time.sleep(BASELINE_SAMPLES * sampler.interval_s)
+        sampler.mark("launch")
+
+    def mark_step(line: str) -> None:
+        step = logged_training_step(line)
+        if step is not None and sampler is not None:
+            sampler.mark(f"logged:step{step}")
+
     try:
-        result = verl_job.launch_job(recipe, overrides, out_dir)
+        result = verl_job.launch_job(recipe, overrides, out_dir, on_line=mark_step)
     finally:
-        for running in (sampler, host_sampler):
+        for running in (sampler, host_sampler, processes):
             if running is not None:
                 running.stop()
-    result["gpu_memory"] = None if sampler is None else {
-        **sampler.summary(), "timeline": [[round(t, 1), [round(u, 3) for u in used]] for t, used in sampler.samples]}
+    result["gpu_memory"] = None if sampler is None else _gpu_memory_record(sampler, processes)
     result["host_memory"] = None if host_sampler is None else host_memory_summary(host_sampler)
     bad = [r for r in result["rank_identity"] if r["max_abs_diff"] != 0.0 or r["differing_elements"]]
     if bad and result["failure"] is None:
@@ -305,6 +338,51 @@ def planner_check(metrics: dict[str, Any], planned=None) -> dict[str, Any] | Non
         out["measured_free_at_vllm_start_gib"] = failure["free_gib"]
         out["ratio"] = out["planner_free_at_vllm_start_gib"] / failure["free_gib"]
         out["agrees"] = plan.verdict == "vLLM refuses to start" and abs(out["ratio"] - 1.0) <= 0.10
+    return out
+
+
+def phase_memory(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """Each verl phase's device peak over steps 2.. (the most loaded GPU's used memory minus the idle baseline before
+    the launch), placed on the sampler's clock from the launch's marks as notebook 06 places them; per process where
+    the node could read that. None for a run recorded without marks (before they were recorded)."""
+    from rlkit.experiments.util_sweep.timeline import label_samples, phase_intervals, phase_peaks, process_peaks
+
+    record = (metrics.get("launch") or {}).get("gpu_memory") or {}
+    marks = record.get("marks")
+    if not marks:
+        return None
+    launch_t = next(t for t, name in marks if name == "launch")
+    logged_at = {int(name.split("step", 1)[1]): t for t, name in marks if name.startswith("logged:step")}
+    steps = [s for s in averaged_steps(metrics.get("steps", [])) if s["step"] in logged_at]
+    intervals = phase_intervals(steps, logged_at)
+    timeline = label_samples([(t, used) for t, used in record["timeline"]], intervals, launch_t)
+    idle = [r["used_gib"] for r in timeline if r["phase"] == "idle" and r["used_gib"] is not None]
+    baseline = min(idle) if idle else 0.0
+    samples = record.get("process_samples")
+    return {"baseline_gib": baseline, "steps": [s["step"] for s in steps],
+            "phase_peaks": {p: v for p, v in phase_peaks(timeline, baseline).items() if p in PHASES},
+            "process_phase_peaks": process_peaks(samples, intervals, launch_t) if samples else None}
+
+
+def planner_phase_check(metrics: dict[str, Any], planned=None) -> dict[str, dict[str, Any]] | None:
+    """Each verl phase's measured device peak (:func:`phase_memory`) against the planner's device total for the
+    phases it covers (rlkit.experiments.util_sweep.comparison.PHASE_MAP), with the ratio and whether it is within
+    the planner's 10% bar; a phase the 1 Hz sampler saw fewer than MIN_PHASE_SAMPLES times is left out of the bar.
+    None without per-phase peaks or a planner for the run."""
+    from rlkit.experiments.util_sweep.comparison import MIN_PHASE_SAMPLES, PHASE_MAP, TOLERANCE
+
+    measured, planned = phase_memory(metrics), planned or planner_for_run(metrics)
+    if measured is None or planned is None:
+        return None
+    plan = planned[2]
+    out = {}
+    for phase, entry in measured["phase_peaks"].items():
+        estimate = max(plan.device_total_gib.get(p, 0.0) for p in PHASE_MAP[phase]) if phase in PHASE_MAP else 0.0
+        if not estimate:
+            continue
+        ratio = entry["peak_job_gib"] / estimate if entry["samples"] >= MIN_PHASE_SAMPLES else None
+        out[phase] = {"planner_gib": estimate, "measured_gib": entry["peak_job_gib"], "samples": entry["samples"],
+                      "ratio": ratio, "within": None if ratio is None else abs(ratio - 1.0) <= TOLERANCE}
     return out
 
 

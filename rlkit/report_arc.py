@@ -1,8 +1,9 @@
 """README's headline (issue 41): the seed's arc at the seed's own workload on one GPU, every run from one commit.
 
-The arc's runs are notebook 05's committed folders ``h200-seed-<arm>[-<variant>][.<lease>]`` at lr 0 whose env.json
-names one commit: the commit whose runs cover the most arms (ties: the most runs), so that every row of the table
-comes from it and a run from any other commit stays in docs/results.md's seed table. Arms run in several leases
+The arc's runs are notebook 05's committed folders ``h200-seed-<arm>[-<variant>][.session<N>]`` at lr 0 whose
+env.json names one commit: the commit whose runs cover the most arms (ties: the newer commit, so that an arc re-run
+from a later commit takes over once it has as many arms), so that every row of the table comes from it and a run from
+any other commit stays in docs/results.md's seed table. Arms run in several leases
 give the run-to-run spread. Arm 5 against arm 1 and the seed's targets for the full arc are judged through
 :mod:`rlkit.like_for_like`, never on an unlike pair. :mod:`rlkit.report` places the block.
 """
@@ -49,9 +50,18 @@ def split_name(name: str) -> tuple[str, str]:
     return arm, base[len(arm) + 1:]
 
 
+def commit_time(sha: str, root: Path = OUTPUTS_DIR) -> int:
+    """When a commit was made (seconds since the epoch, git's committer date); 0 where this checkout lacks it."""
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(root if root.exists() else root.parent), "show", "-s", "--format=%ct",
+                          f"{sha}^{{commit}}"], capture_output=True, text=True, check=False)
+    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip().isdigit() else 0
+
+
 def arc_runs(root: Path = OUTPUTS_DIR) -> tuple[str | None, dict[str, dict], dict[str, str]]:
     """(the arc's commit, its runs' metrics by folder name, their commits): the lr-0 seed-workload runs of the commit
-    whose runs cover the most arms."""
+    whose runs cover the most arms, the newer commit on a tie."""
     loaded, commits = committed_arms(root, prefix=SEED_PREFIX, reruns=True)
     by_commit: dict[str, list[str]] = {}
     for name, m in loaded.items():
@@ -59,7 +69,7 @@ def arc_runs(root: Path = OUTPUTS_DIR) -> tuple[str | None, dict[str, dict], dic
             by_commit.setdefault(commits[name], []).append(name)
     if not by_commit:
         return None, {}, {}
-    commit = max(by_commit, key=lambda c: (len({split_name(n)[0] for n in by_commit[c]}), len(by_commit[c])))
+    commit = max(by_commit, key=lambda c: (len({split_name(n)[0] for n in by_commit[c]}), commit_time(c, root)))
     names = sorted(by_commit[commit])
     return commit, {n: loaded[n] for n in names}, {n: commits[n] for n in names}
 
@@ -120,7 +130,31 @@ def seed_arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
     lines.append(f"| fastest correct variant | {fastest} |" + _row(FULL_ARC, fastest, runs[fastest], None).split("|", 3)[3]
                  if fastest else f"| fastest correct variant | - | no variant of {FULL_ARC} at {commit} yet "
                  "| - | - | - | - | - | - | - | - | - |")
-    return lines + ["", arc_sentence(by_arm, runs, commits)]
+    return lines + ["", arc_sentence(by_arm, runs, commits), "", *phase_check_lines(runs)]
+
+
+def _phase_cell(phase: str, entry: dict) -> str:
+    if entry["ratio"] is None:
+        return f"{phase} {entry['measured_gib']:.1f} GiB in {entry['samples']} sample(s), too short to judge at 1 Hz"
+    return f"{phase} x{entry['ratio']:.2f}" + ("" if entry["within"] else " (outside 10%)")
+
+
+def phase_check_lines(runs: dict[str, dict]) -> list[str]:
+    """Per run, the planner against each phase's device peak (rlkit.grpo.planner_phase_check): its ratio, and which
+    phases miss the 10% bar; a run recorded without phase marks says so."""
+    from rlkit.grpo import planner_phase_check
+
+    out = []
+    for name, m in runs.items():
+        check = planner_phase_check(m) if (m.get("summary") or {}).get("step_s") else None
+        if check is None:
+            why = ("no trained step" if not (m.get("summary") or {}).get("step_s")
+                   else "recorded without phase marks (runs record them since the launcher marks each step)")
+            out.append(f"- {name}: {why}.")
+        else:
+            out.append(f"- {name}: " + "; ".join(_phase_cell(p, e) for p, e in check.items()) + ".")
+    return ["Planner against each phase's device peak (used memory of the card minus the idle baseline, steps 2.., "
+            "measured / planner; the planner's bar is 10%):", *out]
 
 
 def arc_sentence(by_arm: dict[str, list[str]], runs: dict[str, dict], commits: dict[str, str]) -> str:

@@ -108,3 +108,23 @@ def test_the_arc_is_one_commit_and_arm_5_is_judged_against_arm_1_of_it(tmp_path)
     text = "\n".join(report_arc.seed_arc_table(root))
     assert "| 5-master-on-host-cast-once | - | no run at aaaaaaa yet |" in text and "not judged" in text
     assert ": met" not in text
+
+
+def test_an_arc_rerun_from_a_newer_commit_takes_over_on_a_tie(tmp_path):
+    from rlkit import report_arc
+
+    arm1, arm5 = "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
+    root = _repo_with(tmp_path, {f"{arm1}.session1": "h200-seed-1-fixes-hostadamw.session19",
+                                 f"{arm5}.session2": "h200-seed-5-master-on-host-cast-once.session18"})
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    shas = []
+    for when in ("2026-01-01T00:00:00", "2026-02-01T00:00:00"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", when], check=True,
+                       env={"GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when, "PATH": "/usr/bin:/bin"})
+        shas.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip())
+    _set_commit(root, f"{arm1}.session1", shas[1])  # one arm each: the newer commit is the arc
+    _set_commit(root, f"{arm5}.session2", shas[0])
+    assert report_arc.arc_runs(root)[0] == shas[1][:7]
+    _set_commit(root, f"{arm1}.session1", shas[0])
+    _set_commit(root, f"{arm5}.session2", shas[1])
+    assert report_arc.arc_runs(root)[0] == shas[1][:7]
