@@ -17,8 +17,8 @@ from pathlib import Path
 
 from rlkit.env import REPO_ROOT
 from rlkit.like_for_like import ATTENTION_PATH, judge, pair
-from rlkit.report_arc import (ARC_PEAK_CUT_GIB, ARC_STEP_TIME_CUT, FIRST_WORKING_ARM, planner_cell,
-                              seed_arc_table)
+from rlkit.report_arc import (ARC_PEAK_CUT_GIB, ARC_STEP_TIME_CUT, FIRST_WORKING_ARM, arc_planner_section,
+                              planner_cell, seed_arc_table)
 from rlkit.report_limits import limits_section, speed_targets_section
 from rlkit.report_notebooks import SECTIONS, SEED_PREFIX, committed_arms, determinism_section, learning_section, load_committed
 from rlkit.report_profile import update_profile_section
@@ -384,10 +384,10 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
-BLOCKS = {"arc": seed_arc_table, "standin": standin_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
+BLOCKS = {"arc": seed_arc_table, "arcplanner": arc_planner_section, "standin": standin_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
           "targets": speed_targets_section, "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
           "learning": learning_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("standin", "results", "seed", "limits", "targets", "profile", "determinism", "learning"),
+DOCS = {"README.md": ("arc",), "docs/results.md": ("standin", "results", "seed", "arcplanner", "limits", "targets", "profile", "determinism", "learning"),
         "docs/lab-notes.md": ("reruns",)}
 
 

@@ -130,7 +130,18 @@ def seed_arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
     lines.append(f"| fastest correct variant | {fastest} |" + _row(FULL_ARC, fastest, runs[fastest], None).split("|", 3)[3]
                  if fastest else f"| fastest correct variant | - | no variant of {FULL_ARC} at {commit} yet "
                  "| - | - | - | - | - | - | - | - | - |")
-    return lines + ["", arc_sentence(by_arm, runs, commits), "", *phase_check_lines(runs)]
+    return lines + ["", arc_sentence(by_arm, runs, commits), "", "The planner against every phase of each run: "
+                    "[results](docs/results.md#the-planner-against-every-phase-of-the-arc)."]
+
+
+def arc_planner_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """docs/results.md: the planner against each phase of every run of the arc (:func:`phase_check_lines`)."""
+    commit, runs, _ = arc_runs(root)
+    if commit is None:
+        return ["*05_grpo_qwen3_4b: no committed run of the seed's workload at lr 0 yet.*"]
+    return [f"**The arc at commit {commit}** (`outputs/05_grpo_qwen3_4b/<run>/metrics.json`: the launch's 1 Hz device "
+            "samples, each phase placed from the marks of when each step's line arrived, as notebook 06 places them):",
+            "", *phase_check_lines(runs)]
 
 
 def _phase_cell(phase: str, entry: dict) -> str:
