@@ -16,6 +16,7 @@ from dataclasses import replace
 from rlkit.params import ParamError
 from rlkit.preflight_findings import ACTOR_FSDP, ROLLOUT, Context, Finding
 from rlkit.verl_config import VerlConfig, parse_overrides
+from rlkit.vllm_terms import cuda_graphs_term
 
 RANK0_OWNER_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.rank0_owner"
 ENTROPY_COEFF = "actor_rollout_ref.actor.entropy_coeff"
@@ -108,6 +109,8 @@ def _planner_spec(c: VerlConfig, ctx: Context):
     }
     if c.get(f"{ROLLOUT}.enforce_eager"):
         values["cudagraph_gib"] = 0.0
+    elif (graphs := cuda_graphs_term(model)["gib"]) is not None:  # what vLLM took for this model, not the default
+        values["cudagraph_gib"] = graphs
     values["update_entropy"] = _update_entropy(c, ctx.active_patches)
     values["logits_path"] = _logits_path(c, ctx.active_patches)
     values["remove_padding"] = bool(c.get(f"{MODEL}.use_remove_padding"))

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from rlkit import budget
 from rlkit import params as P
 from rlkit.recipe import GRPORecipe
+from rlkit.vllm_terms import cuda_graphs_term
 
 NOTEBOOK = "06_util_sweep"
 
@@ -178,7 +179,8 @@ def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
 
     Micro-batch tokens: the dynamic-bsz token budget, or sequences per micro-batch x padded length (the
     node runs without remove-padding). Logits: the pure-torch path (no flash-attn on the node). CUDA
-    graphs: the planner's default assumption unless enforce_eager.
+    graphs: none with enforce_eager, else what vLLM took for the model in the committed runs
+    (:func:`rlkit.vllm_terms.cuda_graphs_term`), the planner's default where no run measured it.
     """
     case = cfg.case_spec
     micro = case.ppo_max_token_len_per_gpu if case.use_dynamic_bsz else case.micro_batch_size_per_gpu * case.seq_len
@@ -193,6 +195,8 @@ def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
     )
     if cfg.enforce_eager:
         spec = replace(spec, cudagraph_gib=0.0)
+    elif (graphs := cuda_graphs_term(case.model)["gib"]) is not None:  # what vLLM took for this model
+        spec = replace(spec, cudagraph_gib=graphs)
     options = [PATCH_PLANNER_OPTION[p] for p in case.patches if PATCH_PLANNER_OPTION[p]]
     if case.optimizer == "HostAdamW":
         options.append("cpu_optimizer_step")
