@@ -26,8 +26,9 @@ def dist_version(name: str) -> str | None:
 
 
 def git_sha(root: Path = REPO_ROOT) -> str | None:
-    """HEAD of the checkout (``-dirty`` with local changes); a copy without ``.git`` (e.g. a tree sent to
-    a GPU node) can state its revision in ``RLKIT_GIT_SHA``."""
+    """HEAD of the checkout (``-dirty`` with local changes outside ``outputs/``: results being written, e.g. by a
+    reanalysis of several folders, do not make the code another revision); a copy without ``.git`` (e.g. a tree
+    sent to a GPU node) can state its revision in ``RLKIT_GIT_SHA``."""
     if os.environ.get("RLKIT_GIT_SHA"):
         return os.environ["RLKIT_GIT_SHA"]
     try:
@@ -35,7 +36,7 @@ def git_sha(root: Path = REPO_ROOT) -> str | None:
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
         )
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"],
             capture_output=True, text=True, timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
