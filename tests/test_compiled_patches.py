@@ -180,6 +180,22 @@ def test_a_compiled_function_that_is_not_eagers_bit_for_bit_is_refused_at_its_fi
     assert like_eager(noisy, patch="compiled_pointwise", field="pointwise")(torch.zeros(8, 8)).shape == (8, 8)
 
 
+def test_one_ulp_at_one_element_is_refused_at_the_first_call():
+    """The first-call check is bit identity, not closeness: a compiled form that moves one element by one ulp (its
+    nearest float) is refused, counting that one element; a tolerance there would let it through (issue 46)."""
+    from rlkit.patches._compile import like_eager
+
+    def one_ulp_off_when_compiled(x):
+        if torch.compiler.is_compiling():  # what Inductor runs; eager takes the other branch
+            x = x.clone()
+            x[0, 0] = torch.nextafter(x[0, 0], torch.tensor(float("inf")))
+        return x * 1.0
+
+    claimed = like_eager(one_ulp_off_when_compiled, patch="compiled_pointwise", field="pointwise", bit_exact=True)
+    with pytest.raises(PatchError, match=r"is not eager's result bit for bit \(1 of 64 elements differ, by at most 1.19e-07\)"):
+        claimed(torch.ones(8, 8))
+
+
 @pytest.mark.verl
 def test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order():
     """fp32 has no casts to emulate: the compiled norm differs from the eager one only in the order it sums a row's
