@@ -134,14 +134,47 @@ def seed_arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
                     "[results](docs/results.md#the-planner-against-every-phase-of-the-arc)."]
 
 
+# Each arm's own phase: where its change acts (the step is what a user gets).
+OWN_PHASE = {"2-skip-old-logprob": "old_log_prob_s", "3-pinned": "update_actor_s", "4-rank0-owner": "update_actor_s",
+             "5-master-on-host-cast-once": "update_actor_s"}
+
+
+def net_effect_lines(runs: dict[str, dict]) -> list[str]:
+    """Each arm against the arm before it at the arc's commit (means over each arm's trained runs): what it changes in
+    its own phase, and in the whole step."""
+    from rlkit.recipe import ARMS
+
+    trained: dict[str, list[dict]] = {}
+    for name, m in runs.items():
+        arm, variant = split_name(name)
+        if not variant and _trained(m):
+            trained.setdefault(arm, []).append(m["summary"])
+    out = []
+    for before, arm in zip(list(ARMS), list(ARMS)[1:]):
+        if arm not in OWN_PHASE:
+            continue
+        if before not in trained or arm not in trained:
+            out.append(f"- {arm} against {before}: not measured yet at this commit.")
+            continue
+        phase = OWN_PHASE[arm]
+        own = [mean(s[phase] for s in trained[a]) for a in (before, arm)]
+        step = [mean(s["step_s"] for s in trained[a]) for a in (before, arm)]
+        out.append(f"- {arm} against {before}: {phase.removesuffix('_s')} {own[0]:.1f} -> {own[1]:.1f} s "
+                   f"({own[1] - own[0]:+.1f} s); the whole step {step[0]:.1f} -> {step[1]:.1f} s ({step[1] - step[0]:+.1f} s, "
+                   f"{step[1] / step[0] - 1:+.1%}).")
+    return ["Each arm against the one before it, in its own phase and in the whole step (means over each arm's runs "
+            "at this commit; the step is what a user gets):", *out]
+
+
 def arc_planner_section(root: Path = OUTPUTS_DIR) -> list[str]:
-    """docs/results.md: the planner against each phase of every run of the arc (:func:`phase_check_lines`)."""
+    """docs/results.md: each arm's net effect on the step (:func:`net_effect_lines`) and the planner against each
+    phase of every run of the arc (:func:`phase_check_lines`)."""
     commit, runs, _ = arc_runs(root)
     if commit is None:
         return ["*05_grpo_qwen3_4b: no committed run of the seed's workload at lr 0 yet.*"]
-    return [f"**The arc at commit {commit}** (`outputs/05_grpo_qwen3_4b/<run>/metrics.json`: the launch's 1 Hz device "
-            "samples, each phase placed from the marks of when each step's line arrived, as notebook 06 places them):",
-            "", *phase_check_lines(runs)]
+    return [f"**The arc at commit {commit}** (`outputs/05_grpo_qwen3_4b/<run>/metrics.json`; device peaks from the "
+            "launch's 1 Hz samples, each phase placed from the marks of when each step's line arrived, as notebook 06 "
+            "places them):", "", *net_effect_lines(runs), "", *phase_check_lines(runs)]
 
 
 def _phase_cell(phase: str, entry: dict) -> str:

@@ -128,3 +128,18 @@ def test_an_arc_rerun_from_a_newer_commit_takes_over_on_a_tie(tmp_path):
     _set_commit(root, f"{arm1}.session1", shas[0])
     _set_commit(root, f"{arm5}.session2", shas[1])
     assert report_arc.arc_runs(root)[0] == shas[1][:7]
+
+
+def test_each_arm_says_its_net_effect_on_the_step_beside_its_own_phase():
+    from rlkit import report_arc
+
+    base = _metrics("h200-seed-1-fixes-hostadamw.session19")
+    skip = copy.deepcopy(base)
+    skip["summary"].update(old_log_prob_s=0.1, step_s=base["summary"]["step_s"] + 2.0)  # the pass goes, the step grows
+    lines = report_arc.net_effect_lines({"h200-seed-1-fixes-hostadamw.session1": base,
+                                         "h200-seed-2-skip-old-logprob.session1": skip})
+    own = base["summary"]["old_log_prob_s"]
+    step = base["summary"]["step_s"]
+    assert (f"- 2-skip-old-logprob against 1-fixes-hostadamw: old_log_prob {own:.1f} -> 0.1 s ({0.1 - own:+.1f} s); "
+            f"the whole step {step:.1f} -> {step + 2:.1f} s (+2.0 s, {2 / step:+.1%}).") in lines
+    assert "- 3-pinned against 2-skip-old-logprob: not measured yet at this commit." in lines
