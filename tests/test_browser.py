@@ -299,13 +299,13 @@ def arms_select(driver) -> Select:
 
 
 def test_05_arms_explorer_through_an_empty_selection_and_a_second_render(lab, browser):
-    from rlkit.results import run_folders
+    from rlkit.grpo import read_arms
 
     folder = RESULTS["05_grpo_qwen3_4b"]
     before = listing(folder)
     open_and_run(browser, lab, "05_grpo_qwen3_4b")
     arms = [o.text for o in arms_select(browser).options]
-    assert arms == [p.name for p in run_folders(folder)] and "interactive" not in arms
+    assert arms == list(read_arms(folder)) and "interactive" not in arms
     start = {f: drawn(browser, f) for f in ARMS_FIGURES}
     assert all(start[f]["traces"] for f in ARMS_FIGURES), start
     shot(browser, "rlkit-arms-panel", "05_arms_explorer.png")
