@@ -126,12 +126,20 @@ def where_measured(results_dir: str | os.PathLike) -> str:
     (notebooks print this beside their own environment, which is only where they were rendered)."""
     folder = Path(results_dir)
     folder = folder if folder.is_absolute() else REPO_ROOT / folder  # notebooks run in nbs/; paths are the repo's
+    from rlkit.results import run_folders  # results imports this module
+
     own = read_saved(folder)
     if own is not None:
         return summary(own)
-    runs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "env.json").exists()) if folder.is_dir() else []
+    runs = run_folders(folder)
     if not runs:
         return f"{folder} has no env.json: where these results were measured is not recorded"
     return "\n".join(f"{p.name}: commit {env.get('git_sha')}, {gpu_name(env) or 'no GPU'}, "
                      f"torch {env.get('versions', {}).get('torch')}, verl {env.get('versions', {}).get('verl')}, "
                      f"vllm {env.get('versions', {}).get('vllm')}" for p in runs for env in [read_saved(p)])
+
+
+def where_run(results_dir: str | os.PathLike, env: dict) -> str:
+    """What a notebook prints about where its results come from: where the saved results it renders were measured
+    (:func:`where_measured`; the rendering kernel is only where they were drawn), else this kernel (``env``)."""
+    return where_measured(results_dir) if results_dir else f"measured in this kernel:\n{summary(env)}"

@@ -25,6 +25,7 @@ from rlkit import params as P
 from rlkit import verl_job
 from rlkit.env import REPO_ROOT
 from rlkit.recipe import ARMS, NOTEBOOK, GRPORecipe, arm_name, arm_values, default_paths, render_overrides
+from rlkit.results import fmt
 from rlkit.verl_logs import PHASES, averaged_steps, parse_console_metrics, summarize, training_steps
 
 HOW_TO_RUN = "run the h200 profile on a GPU node (python -m rlkit.grpo launch --profile h200)"
@@ -466,33 +467,51 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
         metrics["arms"] = [arm_row(path.name, metrics)]
         return metrics
     loaded = read_arms(path)
-    first = dict(next(iter(loaded.values())))
-    first["arms"] = [arm_row(name, m) for name, m in loaded.items()]
+    name, first = next(iter(loaded.items()))
+    first = {**first, "shown_arm": name, "arms": [arm_row(n, m) for n, m in loaded.items()]}
     return first
+
+
+def which_run(metrics: dict[str, Any]) -> str:
+    """The run a single-run cell describes: over a folder of arms (:func:`read_results`) that is the first of
+    them, which the notebook says rather than describing it as if it were the only one."""
+    arms = metrics.get("arms") or []
+    name = metrics.get("shown_arm") or (arms[0]["arm"] if arms else "this run")
+    if len(arms) > 1:
+        return (f"{name}, the first of the {len(arms)} arms read (render one arm's folder to describe another; the "
+                "arms table and the explorer below compare them all)")
+    return name
+
+
+def no_steps_reason(metrics: dict[str, Any]) -> str:
+    """Why a run has no training step to draw: how a launched run ended, else why it was not launched."""
+    if metrics.get("launched"):
+        return f"no training step to draw: {outcome(metrics)}"
+    return f"not launched: {metrics.get('launch_reason')}"
 
 
 def arm_folders(results_dir: str | os.PathLike) -> dict[str, Path]:
     """The run folders under ``results_dir`` by name (sorted): the folder itself when it is one run, else each
-    sub-folder with a ``metrics.json`` (relative paths are the repository's)."""
+    completed run in it (:func:`rlkit.results.run_folders`: not a render's scratch copy, a CPU smoke run or a
+    failed run); relative paths are the repository's."""
+    from rlkit.results import run_folders
+
     path = Path(results_dir)
     path = path if path.is_absolute() else REPO_ROOT / path
     if (path / "metrics.json").exists():
         return {path.name: path}
-    arms = sorted(p for p in path.iterdir() if (p / "metrics.json").exists()) if path.is_dir() else []
+    arms = run_folders(path)
     if not arms:
-        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
+        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in a completed run folder; fix results_dir")
     return {p.name: p for p in arms}
 
 
 def read_arms(results_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Every arm's ``metrics.json`` in a folder of arm folders, by folder name (sorted); CPU smoke runs beside
-    launched arms are left out. A folder that is one run gives that run under its folder name."""
+    """Every arm's ``metrics.json`` in a folder of arm folders (:func:`arm_folders`), by folder name (sorted). A
+    folder that is one run gives that run under its folder name."""
     from rlkit.results import read_metrics
 
-    loaded = {name: read_metrics(p) for name, p in arm_folders(results_dir).items()}
-    if any(m.get("launched") for m in loaded.values()):  # CPU smoke runs beside measured arms are not arms
-        loaded = {name: m for name, m in loaded.items() if m.get("launched")}
-    return loaded
+    return {name: read_metrics(p) for name, p in arm_folders(results_dir).items()}
 
 
 def phase_table(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -515,12 +534,15 @@ def phase_figure(steps: list[dict[str, Any]], title: str = "verl step phases"):
     """Stacked bars: seconds per phase for each training step (plotly, imported here only)."""
     import plotly.graph_objects as go
 
+    from rlkit.colours import phase_colour
+
     rows = phase_table(steps)
     fig = go.Figure()
     for phase in (*PHASES, "other"):
         points = [r for r in rows if r["phase"] == phase]
         if points:
-            fig.add_bar(name=phase, x=[r["step"] for r in points], y=[r["seconds"] for r in points])
+            fig.add_bar(name=phase, x=[r["step"] for r in points], y=[r["seconds"] for r in points],
+                        marker_color=phase_colour(phase))
     fig.update_layout(barmode="stack", title=title, xaxis_title="step", yaxis_title="seconds",
                       xaxis={"dtick": 1})
     return fig
@@ -530,6 +552,7 @@ def describe(metrics: dict[str, Any]) -> str:
     """The findings of a run in words, every number taken from ``metrics``."""
     recipe, verify = metrics["recipe"], metrics.get("verify", {})
     lines = [
+        f"Run: {which_run(metrics)}.",
         (f"Recipe: {recipe['model']} on {metrics['data']['rows']} {metrics['data']['source']} prompts "
         f"({metrics['data'].get('duplicates_removed', 0)} duplicates removed), {recipe['train_batch_size']} prompts x "
         f"{recipe['rollout_n']} samples per step, reward {metrics['reward']}, patches "
@@ -565,7 +588,7 @@ def describe(metrics: dict[str, Any]) -> str:
                      f"{recipe['gpu_memory_utilization']:g} x {emulated:g} GiB.")
     check = metrics.get("sanity")
     if check:
-        rank = (f"; ranks' weights after each step: max abs diff {check['rank_max_abs_diff']} "
+        rank = (f"; ranks' weights after each step: max abs diff {fmt(check['rank_max_abs_diff'], '.3g')} "
                 f"(check {check['rank_check_s_mean']:.2f} s/step)" if "ranks_identical" in check else "")
         lines.append(f"Sanity bar {'passed' if check['passed'] else 'FAILED'}: grad_norm finite and non-zero "
                      f"{check['grad_norm_finite_nonzero']}, pg_loss finite {check['pg_loss_finite']}, no NaN "
@@ -582,7 +605,8 @@ def describe(metrics: dict[str, Any]) -> str:
             f"Measured over steps {summary['steps_averaged']}: step {summary['step_s']:.1f} s (gen "
             f"{summary['gen_s'] or 0:.1f} s, old_log_prob {summary['old_log_prob_s'] or 0:.1f} s, update_actor "
             f"{summary['update_actor_s'] or 0:.1f} s, update_weights {summary['update_weights_s'] or 0:.2f} s); "
-            f"grad_norm {summary['grad_norm']}, actor peak allocated {summary['actor_max_allocated_gib']} GiB, "
+            f"grad_norm {fmt(summary['grad_norm'], '.4g')}, actor peak allocated "
+            f"{fmt(summary['actor_max_allocated_gib'], '.2f')} GiB, "
             f"{summary['throughput_tok_s_per_gpu'] or 0:.0f} tokens/s/GPU."
         )
     elif not metrics.get("launched"):

@@ -11,7 +11,6 @@ writes the blocks.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from rlkit.report_profile import update_profile_section
 from rlkit.results import OUTPUTS_DIR, committed_runs, fmt
 
 
-SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # notebook 06's point folders: <case>-u<util>
 
 
 def grpo_arms_section(root: Path = OUTPUTS_DIR) -> list[str]:
@@ -115,9 +113,8 @@ def util_sweep_section(root: Path = OUTPUTS_DIR) -> list[str]:
     from rlkit.experiments import util_sweep
 
     folder = root / util_sweep.NOTEBOOK
-    # the sweep's own points only: a differently named folder (e.g. a point executed by papermill on the node,
-    # h200-papermill-doc_small-u0.5) is another run of a point, not another point
-    committed = {p.name for p in committed_runs(folder) if SWEEP_POINT.fullmatch(p.name)}
+    # the sweep's points (util_sweep.point_folders, as notebook 06 reads them) that git tracks
+    committed = {p.name for p in committed_runs(folder)}
     runs = [r for r in util_sweep.read_results(folder)["runs"] if r.get("measured") and r["tag"] in committed] \
         if committed else []
     return util_sweep.answer_lines(runs) if runs else [f"*{util_sweep.NOTEBOOK}: no committed GPU results yet.*"]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rlkit.report_notebooks import run_commit
-from rlkit.results import OUTPUTS_DIR, fmt, pct
+from rlkit.results import OUTPUTS_DIR, fmt, pct, run_folders
 
 # The update_profile fields that are the update's levers, each with its off value and what the table calls it on.
 LEVERS = {"overlap_copies": (False, "overlapped copies"), "rmsnorm": ("eager", "compiled RMSNorm"),
@@ -24,7 +24,7 @@ def levers_on(config: dict) -> list[str]:
 
 def committed_profiles(root: Path = OUTPUTS_DIR) -> dict[str, dict]:
     """Each committed profile's metrics, with its run's commit under ``commit``, by folder name."""
-    folders = sorted(p.parent for p in (root / "update_profile").glob("*/metrics.json"))
+    folders = run_folders(root / "update_profile")  # the rule every reader of a folder of runs shares
     return {f.name: {**json.loads((f / "metrics.json").read_text()), "commit": run_commit(f)} for f in folders}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import traceback
 from contextlib import contextmanager
@@ -124,12 +125,45 @@ def read_metrics(results_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(metrics.read_text())
 
 
-def notebook_out_dir(notebook: str) -> Path:
-    """Where a notebook writes its metrics and figures: the runner's folder, or a scratch folder."""
+def notebook_out_dir(notebook: str, reading: str | os.PathLike = "") -> Path:
+    """Where a notebook writes its metrics and figures: the runner's folder, or a scratch folder.
+
+    ``reading``: the saved results a render reads. A render never writes inside them (the scratch folder
+    ``outputs/<notebook>/interactive`` lies inside ``outputs/<notebook>``, a folder of runs): it gets a fresh
+    temporary folder instead."""
+    import tempfile
+
     env = os.environ.get("RLKIT_OUT_DIR")
     path = Path(env) if env else OUTPUTS_DIR / notebook / "interactive"
+    if reading:
+        read = Path(reading) if Path(reading).is_absolute() else REPO_ROOT / reading
+        if path.resolve().is_relative_to(read.resolve()):
+            return Path(tempfile.mkdtemp(prefix=f"rlkit-{notebook}-render-"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# What a run folder is, for every reader of a folder of runs (the notebooks' renders, the report): a completed
+# run under a plain tag. Not a run: a hidden or partial folder, <tag>.failed/, a scratch folder the .gitignore
+# names (interactive/: a notebook's own copy of what it rendered; tiny*/: CPU smoke runs), a folder without the
+# metrics and the env.json that every run writes (a render writes no env.json).
+SCRATCH_TAG = re.compile(r"interactive|tiny.*")
+RUN_FILES = ("metrics.json", "env.json")
+
+
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a completed run (the rule above)."""
+    path = Path(path)
+    name = path.name
+    return (path.is_dir() and not name.startswith(".") and not name.endswith(".failed")
+            and not SCRATCH_TAG.fullmatch(name) and all((path / f).is_file() for f in RUN_FILES))
+
+
+def run_folders(folder: str | os.PathLike) -> list[Path]:
+    """The completed runs directly under ``folder`` (:func:`is_run_folder`), sorted by name; relative paths are the
+    repository's."""
+    folder = Path(folder) if Path(folder).is_absolute() else REPO_ROOT / folder
+    return sorted(p for p in folder.iterdir() if is_run_folder(p)) if folder.is_dir() else []
 
 
 def fmt(value, spec: str = ".1f") -> str:
@@ -174,10 +208,12 @@ def tracked_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def committed_runs(folder: str | os.PathLike) -> list[Path]:
-    """The run folders directly under ``folder`` (``outputs/<notebook>/``) whose ``metrics.json`` git tracks,
-    sorted by name. A folder only on disk (a ``make demo`` run, an interactive session) is not one of them."""
+    """The run folders directly under ``folder`` (``outputs/<notebook>/``, :func:`run_folders`' rule) whose
+    ``metrics.json`` git tracks, sorted by name. A folder only on disk (a ``make demo`` run, an interactive
+    session) is not one of them."""
     folder = Path(folder).resolve()
-    return sorted({f.parent for f in tracked_files(folder) if f.name == "metrics.json" and f.parent.parent == folder})
+    tracked = {f.parent for f in tracked_files(folder) if f.name == "metrics.json" and f.parent.parent == folder}
+    return sorted(p for p in tracked if is_run_folder(p))
 
 
 # Executed notebooks' figures: the plotly JSON and the static images that survive outside a live kernel

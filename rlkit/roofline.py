@@ -177,14 +177,14 @@ def vllm_ceiling(recipe: Mapping[str, Any], gpu_name: str | None, *, root=None, 
     from pathlib import Path
 
     from rlkit.env import REPO_ROOT
-    from rlkit.results import NotACheckout, committed_runs
+    from rlkit.results import NotACheckout, committed_runs, run_folders
 
     root = Path(root).resolve() if root else REPO_ROOT
     folder = root / VLLM_CEILINGS
     want = ceiling_shape(recipe, gpu_name)
     none = {"output_tok_s": None, "source": None}
     try:
-        runs = committed_runs(folder) if committed else sorted(p.parent for p in folder.glob("*/metrics.json"))
+        runs = committed_runs(folder) if committed else run_folders(folder)
     except NotACheckout as err:
         return {**none, "reason": f"no committed ceiling can be read: {err}"}
     if not runs:

@@ -204,6 +204,7 @@ def test_read_results_tabulates_arms(tmp_path):
         (tmp_path / arm).mkdir()
         metrics = {**base, "recipe": {**base["recipe"], "patches": arm_patches}}
         (tmp_path / arm / "metrics.json").write_text(json.dumps(metrics))
+        (tmp_path / arm / "env.json").write_text("{}")  # every run records where it ran
     merged = grpo.read_results(tmp_path)
     assert [a["arm"] for a in merged["arms"]] == ["offload_views", "stock"]
     assert merged["arms"][0]["patches"] == "offload_views" and merged["arms"][1]["step_s"] == base["summary"]["step_s"]

@@ -211,6 +211,7 @@ def saved_sweep(tmp_path: Path) -> Path:
         measured = U.measure_from_logs(verl_logs.parse_console_metrics(text), text, samples, marks, cfg.case_spec, wall_s=107.0, returncode=0)
         metrics = U.point_metrics(cfg, U.emulation_info(cfg), measured, "test fixture")
         write_json_atomic(tmp_path / f"doc_small-u{util}" / "metrics.json", metrics)
+        write_json_atomic(tmp_path / f"doc_small-u{util}" / "env.json", {})  # every run records where it ran
     return tmp_path
 
 
@@ -279,7 +280,7 @@ def test_notebook_parameters_are_the_config_fields():
     nb = nbformat.read(path, as_version=4)
     assert not [c for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count)]
     source = "\n".join(c.source for c in nb.cells)
-    assert "notebook_out_dir(\"06_util_sweep\")" in source and "metrics.json" in source
+    assert "notebook_out_dir(\"06_util_sweep\", reading=results_dir)" in source and "metrics.json" in source
 
 
 @pytest.mark.verl

@@ -206,13 +206,15 @@ def phase_bar_figure(plans: Mapping[str, Mapping[str, Any]], gpu_gib: float, tit
     """Plotly stacked bars: device GiB per component, grouped by option set and phase, with the GPU line."""
     import plotly.graph_objects as go
 
+    from rlkit.colours import component_colour
+
     labels = [(label, ph) for label, p in plans.items() for ph in p["device_gib"]]
     x = [[label for label, _ in labels], [ph for _, ph in labels]]
     fig = go.Figure()
     for comp in DEVICE_COMPONENTS:
         y = [plans[label]["device_gib"][ph].get(comp, 0.0) for label, ph in labels]
         if any(y):
-            fig.add_bar(name=comp, x=x, y=y)
+            fig.add_bar(name=comp, x=x, y=y, marker_color=component_colour(comp))
     fig.add_hline(y=gpu_gib, line_dash="dash", annotation_text=f"GPU {gpu_gib} GiB")
     fig.update_layout(barmode="stack", title=title or "device memory per GPU by phase (GiB)",
                       yaxis_title="GiB per GPU", height=520, legend_title="component")

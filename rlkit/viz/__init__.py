@@ -1,6 +1,6 @@
 """Notebook UI: ipywidgets explorers over plotly figures, and figures that survive outside a live kernel.
 
-* :mod:`rlkit.viz.static`: :func:`show` (a plotly figure with a static PNG beside it, made offline by kaleido and
+* :mod:`rlkit.viz.static`: :func:`markdown` (Markdown output whose dollars stay dollars), :func:`show` (a plotly figure with a static PNG beside it, made offline by kaleido and
   a local Chromium), :func:`write_html` (self-contained HTML), ``rlkit figures`` (PNGs for executed notebooks);
 * :mod:`rlkit.viz.explorer`: the shared shape (controls -> plain ``draw(state) -> View`` -> FigureWidgets
   redrawn in place);
@@ -10,6 +10,6 @@
 
 This is the top layer: it imports the planner, the experiments and the recipe; nothing below imports it.
 """
-from rlkit.viz.static import figure_bundle, show, write_html
+from rlkit.viz.static import figure_bundle, markdown, show, write_html
 
-__all__ = ["figure_bundle", "show", "write_html"]
+__all__ = ["figure_bundle", "markdown", "show", "write_html"]

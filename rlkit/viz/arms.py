@@ -17,18 +17,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rlkit.colours import phase_colour
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
 STEP_CHOICES = {"all": "all steps", "steady": "steps 2.. (step 1 carries start-up)"}
 MEMORY_CHOICES = {"actor": "actor allocated (planner vs verl's peak)",
                   "device": "device, all processes (planner total vs 1 Hz samples)"}
 PLANNER_ACTOR_PHASES = ("log_prob", "update_fwd_bwd", "optimizer_step")
-_PHASE_COLOURS = {"gen": "#636efa", "reward": "#fecb52", "old_log_prob": "#ef553b", "ref": "#ab63fa", "adv": "#19d3f3",
-                  "update_actor": "#00cc96", "update_weights": "#ffa15a", "other": "#bbbbbb", "rollout": "#636efa",
-                  "log_prob": "#ef553b", "update_fwd_bwd": "#00cc96", "optimizer_step": "#ab63fa",
-                  "weight_sync": "#ffa15a"}
-
-
 def arm_data(name: str, metrics: dict[str, Any], gpu: str | None = None) -> dict[str, Any]:
     """What the explorer draws of one arm, read once from its ``metrics.json`` content; ``gpu``: the GPU it ran on
     (its ``env.json``), which the phases' limits need."""
@@ -76,7 +71,7 @@ def timeline_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...], st
         pts = [(arm, r) for arm, r in rows if r["phase"] == phase]
         if pts:
             fig.add_bar(name=phase, x=[[a for a, _ in pts], [f"step {r['step']}" for _, r in pts]],
-                        y=[r["seconds"] for _, r in pts], marker_color=_PHASE_COLOURS.get(phase),
+                        y=[r["seconds"] for _, r in pts], marker_color=phase_colour(phase),
                         hovertemplate=f"{phase}: %{{y:.2f}} s<extra>%{{x}}</extra>")
     silent = [a for a in picked if not data[a]["phase_rows"]]
     title = "verl step phases per arm and step (seconds)"
@@ -114,7 +109,7 @@ def limits_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...]):
                 text.append(share)
         label = "other" if phase == "between_phases" else phase  # the timeline's name for the rest of the step
         fig.add_bar(name=label, x=x, y=y, customdata=text,
-                    marker={"color": _PHASE_COLOURS.get(label), "pattern": {"shape": hatch}},
+                    marker={"color": phase_colour(label), "pattern": {"shape": hatch}},
                     hovertemplate=f"{phase}: %{{y:.2f}} s (%{{customdata}})<extra>%{{x}}</extra>")
     fig.update_layout(barmode="stack", height=460, yaxis_title="seconds per step (steps 2..; step 1 if alone)", legend_title="phase",
                       title="each phase against its limit (rlkit.roofline)<br><sup>hatched: no limit known, drawn as "
@@ -136,7 +131,7 @@ def memory_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...], memo
     phases = list(dict.fromkeys(ph for a in arms for ph in data[a][key]))
     for ph in phases:
         fig.add_bar(name=f"planner: {ph}", x=arms, y=[data[a][key].get(ph) for a in arms],
-                    marker_color=_PHASE_COLOURS.get(ph), hovertemplate=f"planner {ph}: %{{y:.2f}} GiB<extra>%{{x}}</extra>")
+                    marker_color=phase_colour(ph), hovertemplate=f"planner {ph}: %{{y:.2f}} GiB<extra>%{{x}}</extra>")
     label = "measured: actor peak allocated (verl)" if memory == "actor" else "measured: device peak (1 Hz, all processes)"
     fig.add_bar(name=label, x=arms, y=[data[a][measured_key] for a in arms], marker_color="#222222",
                 hovertemplate="measured: %{y:.2f} GiB<extra>%{x}</extra>")

@@ -32,6 +32,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from rlkit import budget
+from rlkit.colours import component_colour
 from rlkit.params import ParamError
 from rlkit.recipe import FUSED_KERNEL_OVERRIDES
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
@@ -44,17 +45,6 @@ GRPO_PROFILE = "h200"  # the profile `rlkit grpo render/launch` starts from in t
 # logits_path -> (recipe field logits, extra verl overrides); a path not here is not the recipe's to choose
 LOGITS_RECIPE = {"chunked_logprobs": ("chunked", []), "verl_fused": ("full", list(FUSED_KERNEL_OVERRIDES)),
                  "torch_rowwise": ("full", [])}
-
-# a fixed colour per component, so a redraw never repaints the same component another colour
-_PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
-            "#fecb52", "#8c564b", "#7f7f7f", "#bcbd22", "#17becf", "#1f77b4", "#d62728")
-
-
-def component_color(component: str) -> str:
-    comps = list(budget.DEVICE_COMPONENTS)
-    i = comps.index(component) if component in comps else len(comps) + hash(component) % 4
-    return _PALETTE[i % len(_PALETTE)]
-
 
 def state_from_spec(spec: budget.PlanSpec) -> dict[str, Any]:
     """The explorer's state for a planner spec (its settings and its rlkit options)."""
@@ -183,7 +173,7 @@ def bars_figure(p: budget.Plan, spec: budget.PlanSpec):
     for comp in budget.DEVICE_COMPONENTS:
         y = [p.device_gib[ph].get(comp, 0.0) for ph in phases]
         if any(y):
-            fig.add_bar(name=comp, x=phases, y=y, marker_color=component_color(comp), row=1, col=1,
+            fig.add_bar(name=comp, x=phases, y=y, marker_color=component_colour(comp), row=1, col=1,
                         hovertemplate=f"{comp}: %{{y:.2f}} GiB<extra>%{{x}}</extra>")
     fig.add_hline(y=spec.gpu_gib, line_dash="dash", annotation_text=f"card {spec.gpu_gib:g} GiB", row=1, col=1)
     fig.add_bar(name="concurrency", x=["KV pool holds", "needed per GPU"], y=[p.max_concurrent_seqs, p.seqs_per_gpu],
@@ -213,22 +203,32 @@ def kv_html(p: budget.Plan) -> str:
             f"&rarr; <b>{p.max_concurrent_seqs}</b> concurrent sequences; {p.seqs_per_gpu} needed per GPU: {waves}</div>")
 
 
-def preflight_html(findings: list[dict[str, Any]], logits_path: str | None = None) -> str:
-    """The findings' counts and errors in view, the full table folded (an HTML ``<details>``); a note when the
-    chosen ``logits_path`` is one the overrides cannot carry (:data:`LOGITS_RECIPE`)."""
+def logits_note(p: budget.Plan, spec: budget.PlanSpec) -> str:
+    """For a logits path no override chooses (:data:`LOGITS_RECIPE`): the pre-flight reads the overrides, so its
+    planner plans verl's unfused path as installed without flash-attn (``torch_rowwise``), not the bars' path. Both
+    plans' peaks, where the pre-flight's numbers are read ("" for a path the recipe carries)."""
+    if spec.logits_path in LOGITS_RECIPE:
+        return ""
+    read = budget.plan(replace(spec, logits_path="torch_rowwise"))
+    return (f"<p class='logits-note'><b>Two logits paths:</b> the bars and the verdict plan logits path "
+            f"{esc(spec.logits_path)} (peak {esc(p.peak_phase)} {p.peak_gib:.2f} GiB), which no override chooses. The "
+            f"pre-flight reads the overrides, so its planner plans verl's unfused path as installed without flash-attn "
+            f"(torch_rowwise: peak {esc(read.peak_phase)} {read.peak_gib:.2f} GiB, {esc(read.verdict)}): its numbers "
+            f"below are that path's.</p>")
+
+
+def preflight_html(findings: list[dict[str, Any]], note: str = "") -> str:
+    """The findings' counts and errors in view, the full table folded (an HTML ``<details>``); ``note``
+    (:func:`logits_note`) in view above the errors."""
     rows = [{"severity": f["severity"], "check": f.get("check"), "finding": f["message"], "fix": f["fix"]}
             for f in findings]
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     errors = "".join(f"<li><b>{esc(f.get('check'))}</b>: {esc(f['message'])}</li>" for f in findings
                      if f["severity"] == "error")
-    note = ("" if logits_path is None or logits_path in LOGITS_RECIPE else
-            f"<p><small>logits path {esc(logits_path)} is how an installation computes verl's unfused path, which no "
-            f"override chooses: the pre-flight, reading the overrides, names verl's unfused path as installed without "
-            f"flash-attn, where the bars use {esc(logits_path)}.</small></p>")
     return (f"<div class='preflight'><b>Pre-flight</b> of the verl overrides these settings become (rlkit.preflight): "
-            f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info."
+            f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info.{note}"
             f"{f'<ul>{errors}</ul>' if errors else ''}"
-            f"<details><summary>every finding, with its fix</summary>{html_table(rows)}{note}</details></div>")
+            f"<details><summary>every finding, with its fix</summary>{html_table(rows)}</details></div>")
 
 
 def export_html(state: dict[str, Any], base: budget.PlanSpec) -> str:
@@ -250,7 +250,7 @@ def draw(state: dict[str, Any], base: budget.PlanSpec | None = None) -> View:
                     texts={"verdict": text, "kv": "<div class='kv'>-</div>", "preflight": "", "export": ""})
     texts = {"verdict": verdict_html(p, spec), "kv": kv_html(p)}
     try:
-        texts["preflight"] = preflight_html(preflight_for_state(state, base), state.get("logits_path"))
+        texts["preflight"] = preflight_html(preflight_for_state(state, base), logits_note(p, spec))
         texts["export"] = export_html(state, base)
     except ParamError as err:  # the planner takes it, the recipe does not (e.g. master_on_host without param offload)
         texts["preflight"] = f"<p><b>Pre-flight</b>: the recipe refuses these settings: {esc(err)}</p>"

@@ -64,10 +64,30 @@ def html_table(rows: list[Mapping[str, Any]], columns: list[str] | None = None, 
     return f"<table class='rlkit-table'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def stale_layout(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> dict[str, None]:
+    """The layout paths (``"xaxis.visible"``, ``"annotations"``) that ``old`` sets and ``new`` does not, each to
+    ``None``: a relayout unsets them."""
+    out: dict[str, None] = {}
+    for key, value in old.items():
+        path = f"{prefix}{key}"
+        if key not in new:
+            out[path] = None
+        elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+            out.update(stale_layout(value, new[key], f"{path}."))
+    return out
+
+
 def redraw(widget, fig) -> None:
-    """Replace a FigureWidget's traces and layout with ``fig``'s, in place (the widget stays where it is)."""
+    """Replace a FigureWidget's traces and layout with ``fig``'s, in place (the widget stays where it is).
+
+    Assigning a layout sends the browser a relayout, which it merges into the layout it holds: what the last
+    view set and this one does not (a message figure's annotation, its hidden axes) would stay drawn over the new
+    figure. Those paths are unset first."""
+    stale = stale_layout(widget.layout.to_plotly_json(), fig.layout.to_plotly_json())
     widget.data = []
     widget.add_traces(list(fig.data))
+    if stale:
+        widget.plotly_relayout(stale)
     widget.layout = fig.layout
 
 

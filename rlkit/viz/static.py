@@ -155,6 +155,14 @@ def widget_bundle(widget, *, static: dict[str, Any] | None = None) -> dict[str, 
     return bundle
 
 
+def markdown(text: str):
+    """``text`` as a notebook's Markdown output with its dollar signs escaped: JupyterLab's MathJax reads
+    ``$113-135 ... at $2.5`` as mathematics and prints the words between as run-together italics."""
+    from IPython.display import Markdown
+
+    return Markdown(text.replace("\\$", "$").replace("$", "\\$"))
+
+
 def write_html(fig, path: str | os.PathLike) -> Path:
     """Save ``fig`` as a self-contained HTML file (plotly.js embedded: opens offline, no CDN)."""
     path = Path(path)

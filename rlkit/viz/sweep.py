@@ -137,16 +137,16 @@ def _case_changed(by_case: dict[str, list[float]], explorer: Explorer, name: str
 
 
 def sweep_explorer(runs: list[dict[str, Any]], case: str | None = None, util: float | None = None) -> Explorer:
-    """The explorer over the sweep's ``runs``, starting at (``case``, ``util``) when that point exists, else at
-    the first measured point."""
+    """The explorer over the sweep's ``runs``, starting at (``case``, ``util``) when that point was measured, else at
+    a measured point (of ``case`` where it has one): a reader with measured points loaded never opens on nothing."""
     import ipywidgets as W
 
     by_case = points(runs)
-    if case not in by_case:
-        measured = [r for r in runs if r.get("measured")] or runs
-        case = measured[0]["case"]["name"]
-    if util not in by_case[case]:
-        util = by_case[case][len(by_case[case]) // 2]
+    measured = points([r for r in runs if r.get("measured")]) or by_case
+    if case not in measured:
+        case = next(iter(measured))
+    if util not in measured[case]:
+        util = measured[case][len(measured[case]) // 2]
     controls = {
         "case": W.Dropdown(options=list(by_case), value=case, description="case"),
         "util": W.ToggleButtons(options=by_case[case], value=util, description="util"),

@@ -41,14 +41,14 @@ from rlkit.experiments.util_sweep.config import (CASES, NOTEBOOK, PATCH_PLANNER_
 from rlkit.experiments.util_sweep.figures import throughput_figure, timeline_figure
 from rlkit.experiments.util_sweep.point import (METRICS_KEYS, launch_measured, main, measure_from_logs, point_metrics,
                                                 reanalyze, run, saved_samples_and_marks)
-from rlkit.experiments.util_sweep.tables import (answer_lines, comparison_table, describe, first_update_oom, process_rows,
-                                                 read_results, runs_of, sweep_rows)
+from rlkit.experiments.util_sweep.tables import (answer_lines, comparison_table, describe, first_update_oom, point_folders,
+                                                 process_rows, read_results, runs_of, sweep_rows)
 from rlkit.experiments.util_sweep.timeline import label_samples, phase_intervals, phase_peaks, process_peaks
 
 __all__ = ["CASES", "METRICS_KEYS", "MIN_PHASE_SAMPLES", "NOTEBOOK", "PATCH_PLANNER_OPTION", "PHASE_MAP", "TOLERANCE",
            "VERL_ROLLOUT_POLL_S", "Case", "Config", "answer_lines", "build_recipe", "comparison_rows", "comparison_table",
            "cost_summary", "describe", "emulated_verdict", "emulation_info", "extra_overrides", "first_update_oom",
            "gap_rows", "label_samples", "launch_measured", "main", "measure_from_logs", "phase_intervals", "phase_peaks",
-           "planner_spec", "planner_sweep", "point_metrics", "process_peaks", "process_phase_peak", "process_rows",
+           "planner_spec", "planner_sweep", "point_folders", "point_metrics", "process_peaks", "process_phase_peak", "process_rows",
            "read_results", "reanalyze", "run", "runs_of", "saved_samples_and_marks", "sweep_rows", "throughput_figure",
            "timeline_figure", "update_breakdown", "vllm_outside_pool_by_step"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.colours import phase_colour
 from rlkit.experiments.util_sweep.config import VERL_ROLLOUT_POLL_S
 from rlkit.experiments.util_sweep.tables import sweep_rows
 
@@ -16,7 +17,8 @@ def timeline_figure(run_metrics: dict[str, Any]):
     timeline = m.get("timeline") or []
     for phase in dict.fromkeys(row["phase"] for row in timeline):
         pts = [row for row in timeline if row["phase"] == phase]
-        fig.add_scatter(x=[p["t"] for p in pts], y=[p["used_gib"] for p in pts], mode="markers", name=phase)
+        fig.add_scatter(x=[p["t"] for p in pts], y=[p["used_gib"] for p in pts], mode="markers", name=phase,
+                        marker_color=phase_colour(phase))
     fig.add_scatter(x=[row["t"] for row in timeline], y=[row["used_gib"] for row in timeline], mode="lines",
                     line={"color": "lightgrey"}, showlegend=False)
     card = run_metrics["emulation"]["emulated_total_gib"] + (m.get("baseline_used_gib") or 0.0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,21 @@ from rlkit.experiments.util_sweep.config import CASES, VERL_ROLLOUT_POLL_S
 from rlkit.results import fmt
 
 
+SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # a point's run folder: <case>-u<util>
+
+
+def point_folders(folder: str | os.PathLike) -> list[Path]:
+    """The sweep's points under ``folder``: its completed runs (:func:`rlkit.results.run_folders`) named
+    ``<case>-u<util>``. Another run of a point under another name (``h200-papermill-doc_small-u0.5``, a CPU
+    ``tiny`` run) is not another point; the report reads the same folders."""
+    from rlkit.results import run_folders
+
+    return [p for p in run_folders(folder) if SWEEP_POINT.fullmatch(p.name)]
+
+
 def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
-    """Saved results: one run's folder (its ``metrics.json``) or a folder of run folders (the notebook's
-    scratch folder ``interactive`` is skipped).
+    """Saved results: one run's folder (its ``metrics.json``) or a folder of the sweep's points
+    (:func:`point_folders`).
 
     Returns ``{"units", "runs": [metrics, ...]}`` sorted by case then utilization; a run folder gets its
     folder name as ``tag``.
@@ -22,20 +35,16 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(results_dir)
     path = path if path.is_absolute() else REPO_ROOT / path
-    folders = [path] if (path / "metrics.json").exists() else (
-        sorted(p for p in path.iterdir() if (p / "metrics.json").exists() and p.name != "interactive")
-        if path.is_dir() else [])
+    if (path / "metrics.json").exists():
+        metrics = read_metrics(path)
+        # a notebook's rendering of saved runs holds them; else the folder is one point
+        return metrics if "runs" in metrics else {"units": "GiB", "runs": [{**metrics, "tag": path.name}]}
+    folders = point_folders(path)
     if not folders:
-        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in sub-folders; fix results_dir")
-    runs = []
-    for folder in folders:
-        metrics = read_metrics(folder)
-        if "runs" in metrics:  # a notebook's rendering of saved runs: as such when named, else its runs are elsewhere
-            if folder == path:
-                return metrics
-        elif "emulation" in metrics:
-            runs.append({**metrics, "tag": folder.name})
-    runs.sort(key=lambda m: (m["case"]["name"], m["config"]["gpu_memory_utilization"]))
+        raise FileNotFoundError(f"{path} holds no metrics.json, directly or in a point folder <case>-u<util>/; "
+                                "fix results_dir")
+    runs = sorted(({**read_metrics(f), "tag": f.name} for f in folders),
+                  key=lambda m: (m["case"]["name"], m["config"]["gpu_memory_utilization"]))
     return {"units": "GiB", "runs": runs}
 
 
