@@ -150,7 +150,14 @@ class Config:
             with_options(self.spec(), opts)  # raises on unknown option names or invalid combinations
 
     def spec(self, options: str = "") -> PlanSpec:
+        """The planner's inputs with ``options``; the CUDA graphs as vLLM measured them for this model in the
+        committed runs (:func:`rlkit.vllm_terms.cuda_graphs_term`, as pre-flight takes them), ``cudagraph_gib``
+        where none did (0 stays 0: enforce_eager)."""
+        from rlkit.vllm_terms import cuda_graphs_term
+
         base = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "option_sets"}
+        if base["cudagraph_gib"] and (measured := cuda_graphs_term(self.model)["gib"]) is not None:
+            base["cudagraph_gib"] = measured
         return with_options(PlanSpec(**base), options)
 
 
