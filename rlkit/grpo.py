@@ -336,6 +336,8 @@ def limits_row(name: str, limits: dict[str, Any]) -> dict[str, Any]:
         row[f"{phase}_s"], row[f"{phase}_fraction"] = entry.get("seconds"), entry.get("fraction")
         row[f"{phase}_limit_s"] = entry.get("limit_s")
     row["update_actor_hardware_fraction"] = (phases.get("update_actor") or {}).get("hardware_fraction")
+    hbm = (phases.get("gen") or {}).get("hbm_bound") or {}
+    row["gen_hbm_limit_s"], row["gen_hbm_fraction"] = hbm.get("limit_s"), hbm.get("fraction")
     row["between_phases_share"] = (phases.get("between_phases") or {}).get("share_of_step")
     return row
 
