@@ -14,6 +14,8 @@
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
 #                     levers and of the profiler (24)
 #   profile-levers    one update profiled with both levers (24)
+#   profile-sac       one update profiled with selective checkpointing of all 36 layers (the profile has the whole
+#                     H200): the recompute it removes at most, against profile-base of the same lease (42)
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
@@ -35,6 +37,9 @@
 #                     commit (24, 41)
 #   seed-levers       arm 5 at the seed's workload with every lever: the overlapped copies (no rank-0 owner on one
 #                     GPU), the compiled RMSNorm, rotary and SwiGLU, and the replay-buffer poll at 0.2 s (24)
+#   seed-sac          arm 5 at the seed's workload with selective checkpointing of as many layers as pre-flight's
+#                     planner fits on the 47.4 GiB card (the run records the count): update_actor, MFU, peak against
+#                     seed-arm5 of the same commit (42)
 #   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
 #   h200-1gpu-fast    arm 5 at that shape with the workload levers (remove-padding with rlkit_varlen, chunked log-probs,
 #                     24,576 tokens per micro-batch) and every lever of seed-levers (24)
@@ -61,6 +66,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                           --tag h200-overlap) ;;
     profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
                          -p rmsnorm=compiled -p pointwise=compiled --tag h200-levers) ;;
+    profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p selective_layers=36
+                      --tag h200-sac) ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag h200-compiled) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
@@ -80,6 +87,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                         RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-levers) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
                       scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-sac) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p activation_checkpointing=selective" RLKIT_TAG_SUFFIX=-sac
+                   scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-arm5) cmd=("${one_gpu[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-fast) workload="-p attn_implementation=rlkit_varlen -p use_remove_padding=true -p logits=chunked"
                     workload+=" -p ppo_max_token_len_per_gpu=24576"
