@@ -18,6 +18,8 @@
 #                     H200): the recompute it removes at most, against profile-base of the same lease (42)
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
+#   kernels-liger     Qwen3's RMSNorm, rotary and SwiGLU at the seed's 24,576 tokens: eager, rlkit's compiled patches and
+#                     liger-kernel (bundle --with-kernels), fwd+bwd time and exactness against eager (42)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   vllm-ceiling-1gpu  standalone vLLM at the h200-1gpu profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
@@ -71,6 +73,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag h200-compiled) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
+    kernels-liger) cmd=(python3 -m rlkit.experiments.elementwise_kernels --profile h200 --out "$dir") ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     vllm-ceiling-1gpu) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-1gpu) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
