@@ -274,7 +274,7 @@ def vllm_ceiling(recipe: Mapping[str, Any], gpu_name: str | None, *, root=None, 
 
 
 DECODE_DTYPE_BYTES = 2  # verl 0.9.1's rollout runs vLLM in bf16 with its KV cache in the model's dtype (kv_cache_dtype auto)
-VERL_MAX_NUM_SEQS = 1024  # verl 0.9.1's rollout default (rollout.yaml max_num_seqs), which the recipe keeps
+VERL_MAX_NUM_SEQS = 256  # verl 0.9.1's rollout default (verl/trainer/config/rollout/rollout.yaml max_num_seqs), which the recipe keeps
 
 
 def gen_hbm_bound(recipe: Mapping[str, Any], mean: Mapping[str, float | None], shape: ModelShape, gpu_name: str,

@@ -421,16 +421,27 @@ def test_selective_layers_keep_their_matmul_and_attention_outputs():
         toy_spec(selective_layers=1, gradient_checkpointing=False)
 
 
-def test_the_most_selective_layers_is_the_largest_count_that_fits():
-    """Arm 5 at the seed's workload on the 47.4-GiB card (the planner's inputs of that run): the count that fits
-    and one more that does not."""
-    spec = B.PlanSpec(model="qwen3-4b", gpu_gib=47.4, n_gpus=1, max_prompt_length=256, max_response_length=4096,
+def _seed_arm5() -> B.PlanSpec:
+    """Arm 5 at the seed's workload on the 47.4-GiB card: the planner's inputs of that run."""
+    return B.PlanSpec(model="qwen3-4b", gpu_gib=47.4, n_gpus=1, max_prompt_length=256, max_response_length=4096,
                       micro_batch_tokens=24576, log_prob_micro_batch_tokens=24576, optimizer_offload=False,
                       logits_path="chunked_logprobs", update_entropy="detached", remove_padding=True,
                       mean_response_tokens=1325.0, offload_views=True, cpu_optimizer_step=True, master_on_host=True,
                       cast_once=True, skip_old_logprob=True)
+
+
+def test_the_most_selective_layers_is_the_largest_count_that_fits():
+    """At arm 5's seed workload: the count that fits and one more that does not."""
+    spec = _seed_arm5()
     n = B.most_selective_layers(spec)
     assert 0 < n < 36
     assert B.plan(replace(spec, selective_layers=n)).fits and not B.plan(replace(spec, selective_layers=n + 1)).fits
     assert B.most_selective_layers(replace(spec, gpu_gib=139.8, gpu_memory_utilization=0.3)) == 36  # the H200 itself
     assert B.most_selective_layers(replace(spec, gradient_checkpointing=False)) == 0
+
+
+def test_arm5_at_the_seeds_workload_still_starts_vllm_at_a_larger_kv_pool():
+    """scripts/node_session.sh's seed-util: gpu_memory_utilization 0.95 instead of 0.85 still fits (vLLM starts
+    beside the actor's rollout residue) and gives the KV pool more sequences."""
+    base, more = B.plan(_seed_arm5()), B.plan(replace(_seed_arm5(), gpu_memory_utilization=0.95))
+    assert base.fits and more.fits and more.max_concurrent_seqs > base.max_concurrent_seqs

@@ -51,7 +51,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 27
+    assert len(JOBS) == 28
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -75,6 +75,7 @@ def test_every_job_names_what_exists(tmp_path):
         assert all(importlib.util.find_spec(m) for m in modules), f"{job}: {modules}"
     assert _params(shlex.split(commands["seed-sac"])) == ["activation_checkpointing"]
     assert _params(shlex.split(commands["profile-sac"])) == ["selective_layers"]
+    assert _params(shlex.split(commands["seed-util"])) == ["gpu_memory_utilization"]
     assert "rlkit.experiments.elementwise_kernels" in commands["kernels-liger"]
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
