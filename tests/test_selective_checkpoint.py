@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.modeling_utils import PreTrainedModel
 
 from rlkit.models import build_random_model
 from rlkit.patches import PatchError, selective_checkpoint
-from transformers.modeling_utils import PreTrainedModel
 
 GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 

@@ -69,7 +69,7 @@ def make_inputs(op: str, cfg: Config, device) -> tuple[list, list]:
 
     c = models.preset_config(cfg.model)
     gen = torch.Generator().manual_seed(cfg.seed)
-    rand = lambda *shape: torch.randn(*shape, generator=gen).to(device, torch.bfloat16)  # noqa: E731
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(device, torch.bfloat16)
     if op == "rmsnorm":
         return [rand(cfg.tokens, c.hidden_size), 1 + 0.1 * rand(c.hidden_size)], [c.rms_norm_eps]
     if op == "rotary":
@@ -136,7 +136,7 @@ def run_op(op: str, cfg: Config, device) -> dict[str, Any]:
             rows[arm] = {"ran": False, "why": fn}
             continue
         out, grads, _ = forward_backward(fn, grad_inputs, others, out_grads, cfg.seed)
-        seconds = _timed(lambda: forward_backward(fn, grad_inputs, others, out_grads, cfg.seed), device,
+        seconds = _timed(lambda fn=fn: forward_backward(fn, grad_inputs, others, out_grads, cfg.seed), device,
                          cfg.repeats, warmup=2)
         rows[arm] = {"ran": True, "fwd_bwd_ms": 1000 * statistics.median(seconds), "outputs": against(ref_out, out),
                      "input_grads": against(ref_grads, grads)}
