@@ -115,6 +115,9 @@ class PlanSpec:
     log_prob_micro_batch_tokens: int = 24576  # actual tokens per forward-only micro-batch per GPU
     lora_rank: int = 0  # 0 = full fine-tune
     gradient_checkpointing: bool = True
+    # layers checkpointed selectively (the selective_checkpoint patch): each keeps its matmul and attention outputs
+    # through the update (see _selective_elems_per_token_layer); 0 = every layer fully checkpointed
+    selective_layers: int = 0
     param_offload: bool = True  # verl fsdp_config.param_offload
     optimizer_offload: bool = True  # verl fsdp_config.optimizer_offload
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
@@ -166,6 +169,12 @@ class PlanSpec:
                 f"{self.mean_response_tokens!r}", "the expected response tokens, or 0 for max_response_length")
         if self.update_entropy not in UPDATE_ENTROPY_BYTES:
             bad("update_entropy", f"{self.update_entropy!r} is not one of {list(UPDATE_ENTROPY_BYTES)}", "pick one of them")
+        if isinstance(self.selective_layers, bool) or not isinstance(self.selective_layers, int) or self.selective_layers < 0:
+            bad("selective_layers", f"must be an integer >= 0, got {self.selective_layers!r}", "0 (full checkpointing) "
+                "or a number of layers")
+        if self.selective_layers and not self.gradient_checkpointing:
+            bad("selective_layers", "selective checkpointing is a mode of gradient checkpointing",
+                "set gradient_checkpointing, or selective_layers: 0")
         if self.rank0_owner and not self.cpu_optimizer_step:
             bad("rank0_owner", "rank-0 ownership is a mode of the host optimizer step", "also set cpu_optimizer_step")
         if self.master_on_host and not self.cpu_optimizer_step:
@@ -195,6 +204,15 @@ def _activation_elems_per_token_layer(s: ModelShape, compiled_pointwise: bool = 
     and the flash-attention log-sum-exp are ignored.
     """
     return 4 * s.hidden + 3 * s.q_dim + 3 * s.kv_dim + (3 if compiled_pointwise else 4) * s.intermediate
+
+
+def _selective_elems_per_token_layer(s: ModelShape) -> int:
+    """bf16 elements a selectively checkpointed layer keeps per token besides its input (rlkit.patches.
+    selective_checkpoint's policy keeps every matmul and attention output): q, k, v and the attention output
+    (2 x q_dim + 2 x kv_dim), o_proj and down_proj (2 x hidden), gate and up (2 x intermediate). down_proj's is held
+    although full checkpointing never recomputes it (the patch's docstring says why). The attention's log-sum-exp
+    (fp32, one per head) is ignored."""
+    return 2 * s.q_dim + 2 * s.kv_dim + 2 * s.hidden + 2 * s.intermediate
 
 
 def step_tokens_per_gpu(spec: PlanSpec) -> float:
@@ -261,7 +279,8 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
       ``cast_once`` keeps that bf16 copy resident from the first forward until the optimizer step.
     * Activations: with gradient checkpointing every layer saves its bf16 input plus one layer's
       working set is live during recompute; without it every layer saves its full working set. A
-      forward-only pass holds one layer's working set.
+      forward-only pass holds one layer's working set. ``selective_layers`` layers also keep their matmul
+      and attention outputs (:func:`_selective_elems_per_token_layer`) from their forward to their backward.
     * Token positions per micro-batch (activations, logits): :func:`micro_batch_positions`, i.e. the actual
       tokens with ``remove_padding``, padded to the longest sequence without it.
     * Logits (:func:`logits_bytes`): positions x vocabulary x :data:`LOGITS_BYTES` (log-softmax included), plus
@@ -297,8 +316,12 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
 
     N, Nlp = micro_batch_positions(spec, spec.micro_batch_tokens), micro_batch_positions(spec, spec.log_prob_micro_batch_tokens)
     layer_work = _activation_elems_per_token_layer(s, spec.compiled_pointwise) * 2
+    if spec.selective_layers > s.layers:
+        raise ParamError(f"selective_layers: {spec.selective_layers} is more than {s.name}'s {s.layers} layers. "
+                         f"Fix: at most {s.layers}")
     if spec.gradient_checkpointing:
-        train_act = s.layers * N * s.hidden * 2 + N * layer_work
+        kept = spec.selective_layers * N * _selective_elems_per_token_layer(s) * 2
+        train_act = s.layers * N * s.hidden * 2 + kept + N * layer_work
     else:
         train_act = s.layers * N * layer_work
 
@@ -500,6 +523,17 @@ def plan(spec: PlanSpec, shape: ModelShape | None = None) -> Plan:
         cast_read_gib=d["cast_read_gib"], peak_phase=peak_phase, peak_gib=peak, headroom_gib=gpu - peak,
         binding=binding, fits=fits, verdict=verdict, reason=reason,
     )
+
+
+def most_selective_layers(spec: PlanSpec, shape: ModelShape | None = None) -> int:
+    """The most layers ``spec`` can checkpoint selectively and still fit (0 when none fit, or the plan does not fit
+    with full checkpointing either); pre-flight's choice for ``selective_layers: 0`` in a recipe. The activations
+    grow with every layer, so the count that fits is the largest before the first that does not."""
+    s = shape or resolve_model(spec.model)
+    if not spec.gradient_checkpointing:
+        return 0
+    fits = [n for n in range(s.layers + 1) if plan(replace(spec, selective_layers=n), s).fits]
+    return max(fits, default=0)
 
 
 def format_plan(p: Plan) -> str:

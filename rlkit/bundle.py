@@ -44,6 +44,10 @@ DEFAULT_SPECS = ("vllm==0.24.0", "verl[vllm,verl-core]==0.9.1")
 # predates it). kaleido stays out: it draws PNGs through a local Chromium, which the node does not have.
 NOTEBOOK_SPECS = ("papermill>=2.6", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29", "ipywidgets>=8",
                   "anywidget>=0.9", "plotly>=5.20", "pyyaml>=6")
+# The optional kernel part (``build --with-kernels``): liger-kernel's Triton kernels, which
+# rlkit.experiments.elementwise_kernels holds against rlkit's compiled ones. A pure-Python wheel needing torch >= 2.1.2
+# and triton >= 2.3.1, which the node's own torch 2.11 and triton 3.6 satisfy (`build --plan-only` brings that one wheel).
+KERNEL_SPECS = ("liger-kernel==0.8.5",)
 # Never carried when the node has any version: the node's CUDA build of torch and the libraries
 # built against it must stay (vLLM 0.24 matches the node's torch 2.11.0).
 KEEP_NODE_PREFIXES = ("torch", "torchvision", "torchaudio", "triton", "numpy", "numba", "llvmlite", "nvidia-", "cuda-")
@@ -347,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--keep-optional", action="store_true", help="also carry the optional heavy wheels")
     build.add_argument("--with-notebooks", action="store_true",
                        help=f"also carry what `rlkit run` needs to execute notebooks: {' '.join(NOTEBOOK_SPECS)}")
+    build.add_argument("--with-kernels", action="store_true",
+                       help=f"also carry the kernel library the elementwise comparison needs: {' '.join(KERNEL_SPECS)}")
     build.add_argument("--out", default=".bundle", help="output folder (keep it git-ignored)")
     build.add_argument("--split-mib", type=int, default=58, help="largest part in MiB")
     build.add_argument("--compress", action="store_true", help="xz-compress the archive")
@@ -375,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(ns.out)
             local = out / "local-wheels"
             build_local_wheels(local)
-            specs = [*(ns.spec or DEFAULT_SPECS), *(NOTEBOOK_SPECS if ns.with_notebooks else ())]
+            specs = [*(ns.spec or DEFAULT_SPECS), *(NOTEBOOK_SPECS if ns.with_notebooks else ()),
+                     *(KERNEL_SPECS if ns.with_kernels else ())]
             resolved, requires = resolve(specs, ns.python, ns.glibc_max, local)
             plan = Plan(ns.python, [f"manylinux_2_{ns.glibc_max}_x86_64"], specs,
                         decide(resolved, have, () if ns.keep_optional else SKIPPABLE_DENSE,

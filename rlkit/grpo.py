@@ -132,6 +132,24 @@ def sanity(steps: list[dict[str, Any]], rank_rows: list[dict[str, Any]], n_gpus:
             "rank_check_s_mean": (sum(r["seconds"] for r in rank_rows) / len(rank_rows)) if rank_rows else None}
 
 
+def with_selective_layers(recipe: GRPORecipe, overrides: list[str]) -> GRPORecipe:
+    """``recipe`` with ``selective_layers: 0`` (selective checkpointing, as many layers as fit) replaced by pre-flight's
+    choice for these overrides, so that the run's recorded recipe and its environment hold the count it ran with."""
+    from dataclasses import replace
+
+    from rlkit.preflight_memory import selective_layers_that_fit
+
+    if recipe.activation_checkpointing != "selective" or recipe.selective_layers:
+        return recipe
+    fit = selective_layers_that_fit(overrides, recipe.active_patches, gpu_gib=recipe.planner_gpu_gib)
+    if not fit:
+        raise P.ParamError("GRPORecipe.selective_layers: 0 asks pre-flight for the most layers that fit, and "
+                           + ("the planner cannot run on this model" if fit is None else "not one layer fits")
+                           + ". Fix: set selective_layers to a number of layers, or activation_checkpointing: full")
+    print(f"selective checkpointing: {fit} layers, the most the planner fits on {recipe.planner_gpu_gib} GiB")
+    return replace(recipe, selective_layers=fit)
+
+
 def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None, *, how_to_run: str = HOW_TO_RUN) -> dict[str, Any]:
     """The whole recipe; returns ``metrics.json`` content (see ``METRICS_KEYS``). ``how_to_run``: where to run it
     when the launch is skipped (an experiment that runs the recipe names its own command)."""
@@ -141,6 +159,7 @@ def run(recipe: GRPORecipe, out_dir: str | os.PathLike | None = None, *, how_to_
     out.mkdir(parents=True, exist_ok=True)
     paths, data_info, model_info = prepare(recipe)
     overrides = render_overrides(recipe, paths, out)
+    recipe = with_selective_layers(recipe, overrides)
     verl_job.write_overrides(out, overrides)  # a run stopped before its metrics.json can still be collected
     preflight = verl_job.preflight_findings(recipe, overrides)
     launched, reason = verl_job.launch_decision(recipe.launch, recipe.n_gpus, how_to_run)
@@ -415,6 +434,8 @@ def limits_row(name: str, limits: dict[str, Any]) -> dict[str, Any]:
         row[f"{phase}_s"], row[f"{phase}_fraction"] = entry.get("seconds"), entry.get("fraction")
         row[f"{phase}_limit_s"] = entry.get("limit_s")
     row["update_actor_hardware_fraction"] = (phases.get("update_actor") or {}).get("hardware_fraction")
+    hbm = (phases.get("gen") or {}).get("hbm_bound") or {}
+    row["gen_hbm_limit_s"], row["gen_hbm_fraction"] = hbm.get("limit_s"), hbm.get("fraction")
     row["between_phases_share"] = (phases.get("between_phases") or {}).get("share_of_step")
     return row
 

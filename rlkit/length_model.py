@@ -61,6 +61,18 @@ def expected_response_tokens(mean_tokens: int, max_response_length: int) -> floa
     return (1.0 - (1.0 - p) ** max_response_length) / p
 
 
+def response_length_pmf(mean_tokens: int, max_response_length: int) -> dict[int, float]:
+    """The length model's response lengths as a distribution: ``{length: probability}`` of ``min(L, R)`` for
+    ``L ~ Geometric(1/mean_tokens)`` on 1, 2, ... and the cap ``R``; its mean is :func:`expected_response_tokens`.
+    ``mean_tokens`` 0 (off: a random model never samples EOS) puts every response at ``R``."""
+    if not mean_tokens:
+        return {max_response_length: 1.0}
+    p = eos_probability(mean_tokens)
+    pmf = {k: p * (1.0 - p) ** (k - 1) for k in range(1, max_response_length)}
+    pmf[max_response_length] = (1.0 - p) ** (max_response_length - 1)  # every response still running at the cap
+    return pmf
+
+
 def sample_response_lengths(mean_tokens: int, max_response_length: int, n: int, *, seed: int = 0) -> list[int]:
     """``n`` response lengths the way the length model makes them, without a model: geometric on 1, 2, ... with
     per-token EOS probability ``1/mean_tokens`` (the EOS token counted), capped at ``max_response_length``; their

@@ -18,6 +18,7 @@ from rlkit.preflight_findings import ACTOR_FSDP, ROLLOUT, Context, Finding
 from rlkit.verl_config import VerlConfig, parse_overrides
 from rlkit.vllm_terms import cuda_graphs_term
 
+SELECTIVE_ENV = "RLKIT_SELECTIVE_LAYERS"  # rlkit.patches.selective_checkpoint.ENV (not imported: it imports torch)
 RANK0_OWNER_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.rank0_owner"
 ENTROPY_COEFF = "actor_rollout_ref.actor.entropy_coeff"
 
@@ -115,8 +116,20 @@ def _planner_spec(c: VerlConfig, ctx: Context):
     values["logits_path"] = _logits_path(c, ctx.active_patches)
     values["remove_padding"] = bool(c.get(f"{MODEL}.use_remove_padding"))
     values["mean_response_tokens"] = mean_response
+    if "selective_checkpoint" in ctx.active_patches:  # the count the patch reads; unset: plan full checkpointing
+        raw = ctx.env.get(SELECTIVE_ENV, "")
+        values["selective_layers"] = model_shape.resolve_model(model).layers if raw == "all" else int(raw or 0)
     spec = budget.with_options(budget.PlanSpec(**values), sorted(options))
     return spec, ""
+
+
+def selective_layers_that_fit(overrides: list[str], active_patches: Iterable[str], *, gpu_gib: float) -> int | None:
+    """Pre-flight's choice of how many layers to checkpoint selectively: the most the planner fits for exactly this
+    verl command (:func:`rlkit.budget.most_selective_layers`); None when the planner cannot run."""
+    from rlkit import budget
+
+    spec = planner_spec_for_overrides(overrides, active_patches, gpu_gib=gpu_gib)
+    return None if spec is None else budget.most_selective_layers(replace(spec, selective_layers=0))
 
 
 def planner_spec_for_overrides(overrides: list[str], active_patches: Iterable[str] = (), *, gpu_gib: float):

@@ -50,7 +50,8 @@ LEVERS = (Lever("attn_implementation", "varlen_attention", lambda v: v == "rlkit
           Lever("replay_poll_s", "replay_poll", lambda v: v != VERL_REPLAY_POLL_S,
                 f"e.g. 0.2 (any value but verl's {VERL_REPLAY_POLL_S:g} s)"),
           Lever("rmsnorm", "compiled_rmsnorm", lambda v: v == "compiled", "compiled"),
-          Lever("pointwise", "compiled_pointwise", lambda v: v == "compiled", "compiled"))
+          Lever("pointwise", "compiled_pointwise", lambda v: v == "compiled", "compiled"),
+          Lever("activation_checkpointing", "selective_checkpoint", lambda v: v == "selective", "selective"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,10 @@ class GRPORecipe:
     rmsnorm: Literal["eager", "compiled"] = "eager"  # compiled: Qwen3's RMSNorm through torch.compile (a patch)
     pointwise: Literal["eager", "compiled"] = "eager"  # compiled: rotary + SwiGLU through torch.compile (a patch)
     gradient_checkpointing: bool = True
+    # selective: the first selective_layers layers keep their matmul and attention outputs, recomputing only the
+    # elementwise ops (the selective_checkpoint patch); 0 = as many as pre-flight's planner says fit
+    activation_checkpointing: Literal["full", "selective"] = "full"
+    selective_layers: int = 0
     ray_num_cpus: int = 64             # verl's default actor CPU reservations hang on small hosts
     helper_workers: int = 2            # agent-loop workers, reward workers, transfer-queue storage units
     extra_overrides: tuple[str, ...] = ()  # further verl Hydra overrides, appended last
@@ -138,6 +143,12 @@ class GRPORecipe:
                 bad("patches", f"{lever.patch} is the {lever.field} lever, but {lever.field} is "
                     f"{getattr(self, lever.field)!r}", f"set {lever.field}: {lever.setting} (it adds the patch) and "
                     f"drop {lever.patch} from patches")
+        if self.activation_checkpointing == "selective" and not self.gradient_checkpointing:
+            bad("activation_checkpointing", "selective is a mode of gradient checkpointing, which is off",
+                "set gradient_checkpointing: true, or activation_checkpointing: full")
+        if self.selective_layers < 0 or (self.selective_layers and self.activation_checkpointing != "selective"):
+            bad("selective_layers", f"{self.selective_layers} needs activation_checkpointing: selective and >= 0",
+                "0 (pre-flight picks the most that fit) or a number of layers, with activation_checkpointing: selective")
         if not 0.0 < self.replay_poll_s <= 60.0:
             bad("replay_poll_s", f"{self.replay_poll_s!r} is not in (0, 60] seconds", "2.0 (verl's) or e.g. 0.2")
         if "master_on_host" in self.patches and (self.optimizer != "HostAdamW" or not self.param_offload):

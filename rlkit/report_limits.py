@@ -51,19 +51,22 @@ def limits_section(root: Path = OUTPUTS_DIR) -> list[str]:
     if not rows:
         return ["*05_grpo_qwen3_4b: no committed arm has trained two steps yet.*"]
     header = ("| arm | commit | tokens/seq (real / computed) | update_actor s | MFU | hardware FLOPs | host optimizer step s "
-              "(of PCIe) | update_weights s (of PCIe) | gen s (of standalone vLLM) | old_log_prob s (MFU) | between phases (of step) |")
+              "(of PCIe) | update_weights s (of PCIe) | gen s (of standalone vLLM) | gen's HBM bound s (of gen) | old_log_prob s (MFU) | between phases (of step) |")
     lines = ["**Each phase against its limit** (notebook 05's runs that trained two steps or more; means over steps 2..; `rlkit.roofline`: model "
              "FLOPs of the real tokens, fwd + bwd, against the GPU's dense bf16 peak (H200: 989 TFLOP/s, data sheet); "
              "hardware FLOPs add the checkpoint recompute and the padding; the host optimizer step and the weight sync "
              "against the node's pinned copy rate (`outputs/02_host_adamw/h200/metrics.json`); gen against a standalone vLLM "
              "of the run's shape on the same GPU (committed by `rlkit.experiments.vllm_ceiling`, found by "
-             "`rlkit.roofline.vllm_ceiling`), `-` where none is committed):", "", header, "|" + "---|" * (header.count("|") - 1)]
+             "`rlkit.roofline.vllm_ceiling`), `-` where none is committed; gen's HBM bound: every weight read once per decode step and each sequence's "
+             "KV cache at its context, over the run's response lengths (the synthetic length model's), at the GPU's memory "
+             "bandwidth (H200: 4.8 TB/s, data sheet; `rlkit.roofline.decode_bound`), a lower bound):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, commit, r in rows:
         lines.append(f"| {name} | {commit} | {fmt(r['tokens_real'], 'd')} / {fmt(r['tokens_computed'], 'd')} | "
                      f"{fmt(r['update_actor_s'])} | {pct(r['update_actor_fraction'])} | "
                      f"{pct(r['update_actor_hardware_fraction'])} | {fmt(r['optimizer_step_s'], '.2f')} "
                      f"({pct(r['optimizer_step_fraction'])}) | {fmt(r['update_weights_s'], '.2f')} "
                      f"({pct(r['update_weights_fraction'])}) | {fmt(r['gen_s'])} ({pct(r.get('gen_fraction'))}) | "
+                     f"{fmt(r['gen_hbm_limit_s'])} ({pct(r['gen_hbm_fraction'])}) | "
                      f"{fmt(r['old_log_prob_s'], '.2f')} "
                      f"({pct(r['old_log_prob_fraction'])}) | {pct(r['between_phases_share'])} |")
     return lines

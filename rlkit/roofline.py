@@ -21,6 +21,10 @@ Pure arithmetic from the model's shape (:mod:`rlkit.model_shape`) and the machin
   the chat template, one async request per sequence through the server manager, padding the batch back) and
   ``checkpoint_manager.sleep_replicas()``, putting vLLM to sleep; waking it up and the weight sync are timed
   as ``update_weights`` in verl 0.9.1. So ``fraction`` < 1 also charges that overhead to gen.
+- **gen against the memory bandwidth** (:func:`decode_bound`, beside the measured ceiling): decoding reads every
+  weight once per step and each running sequence's KV cache at its context, over the run's length distribution
+  (the synthetic length model's, or the measured mean), against the GPU's HBM bandwidth (:data:`HBM_BYTES_PER_S`,
+  data sheets). It says how far standalone vLLM itself is from the hardware.
 - **Host and PCIe phases** (the host optimizer step, the weight sync of an offloaded actor): bytes moved
   against the node's measured pinned copy bandwidth (``outputs/02_host_adamw/h200``'s copy bench).
 - **Between phases**: the step time not inside any named phase.
@@ -48,12 +52,33 @@ PEAK_BF16_FLOPS: dict[str, tuple[float, str]] = {
 }
 
 
+# GPU name (matched as PEAK_BF16_FLOPS is) -> (HBM bytes/s, source): what bounds decoding, which reads every weight
+# and the KV cache once per step and does little arithmetic per byte.
+HBM_BYTES_PER_S: dict[str, tuple[float, str]] = {
+    "H200": (4.8e12, "NVIDIA H200 Tensor Core GPU data sheet: GPU memory bandwidth 4.8 TB/s"),
+    "H100 PCIe": (2.0e12, "NVIDIA H100 data sheet: GPU memory bandwidth 2 TB/s (PCIe)"),
+    "H100": (3.35e12, "NVIDIA H100 data sheet: GPU memory bandwidth 3.35 TB/s (SXM)"),
+    "A100": (2.039e12, "NVIDIA A100 data sheet: GPU memory bandwidth 2,039 GB/s (80GB SXM)"),
+    "L40S": (864e9, "NVIDIA L40S data sheet: GPU memory bandwidth 864 GB/s"),
+    "RTX A6000": (768e9, "NVIDIA RTX A6000 data sheet: GPU memory bandwidth 768 GB/s"),
+}
+
+
+def _by_gpu(table: Mapping[str, tuple[float, str]], gpu_name: str) -> tuple[float, str] | None:
+    for key in sorted(table, key=len, reverse=True):  # longest first: "H100 PCIe" before "H100"
+        if key in gpu_name:
+            return table[key]
+    return None
+
+
 def peak_bf16_flops(gpu_name: str) -> tuple[float, str] | None:
     """The dense bf16 peak of ``gpu_name`` and its source; None for a GPU the table lacks."""
-    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
-        if key in gpu_name:
-            return PEAK_BF16_FLOPS[key]
-    return None
+    return _by_gpu(PEAK_BF16_FLOPS, gpu_name)
+
+
+def hbm_bytes_per_s(gpu_name: str) -> tuple[float, str] | None:
+    """The device memory bandwidth of ``gpu_name`` and its source; None for a GPU the table lacks."""
+    return _by_gpu(HBM_BYTES_PER_S, gpu_name)
 
 
 def linear_params(shape: ModelShape) -> int:
@@ -109,6 +134,47 @@ def compute_limits(shape: ModelShape, work: StepShape, peak_flops: float, update
             entry["hardware_fraction"] = hardware / seconds / peak_flops
         out[phase] = entry
     return out
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """The KV cache of one token: a key and a value of kv_dim in every layer."""
+    return 2 * shape.layers * shape.kv_dim * dtype_bytes
+
+
+def expected_max(pmf: Mapping[int, float], n: int) -> float:
+    """E[max of n independent draws] of a distribution on 1, 2, ...: the sum over k of P(max >= k) = 1 - F(k-1)^n."""
+    cdf, total = 0.0, 0.0
+    for k in range(1, max(pmf) + 1):
+        total += 1.0 - min(cdf, 1.0) ** n
+        cdf += pmf.get(k, 0.0)
+    return total
+
+
+def decode_bound(shape: ModelShape, *, sequences: int, prompt_tokens: float, response_pmf: Mapping[int, float],
+                 hbm_bytes_per_s: float, dtype_bytes: int = 2, max_num_seqs: int | None = None,
+                 kv_pool_tokens: int | None = None) -> dict[str, Any]:
+    """The least time one engine can take to decode ``sequences`` responses, from memory bandwidth alone.
+
+    Each decode step reads every weight that multiplies a token once (:func:`linear_params`, the lm_head included)
+    and, per running sequence, the KV cache of its context. Prefill samples a response's first token, so a response
+    of r tokens takes r - 1 decode steps, the j-th reading the KV of prompt + j positions: in expectation over the
+    lengths ``response_pmf`` ({tokens: probability}) p(E[r] - 1) + (E[r^2] - E[r]) / 2 tokens per sequence. The KV
+    bytes are the same however the engine batches; the weight reads are once per step, and the steps are at least
+    each of: the longest response's (E[max] - 1), all decode tokens over ``max_num_seqs`` running at once, and all
+    KV token reads over the ``kv_pool_tokens`` the pool holds at once (each term left out where None). The largest
+    sets the bound (``steps_set_by``). Prefill, sampling and scheduling are not counted: a lower bound."""
+    mean_r = sum(k * p for k, p in response_pmf.items())
+    mean_r2 = sum(k * k * p for k, p in response_pmf.items())
+    context = prompt_tokens * (mean_r - 1) + (mean_r2 - mean_r) / 2  # KV tokens one sequence's decode steps read
+    steps = {"the longest response": expected_max(response_pmf, sequences) - 1,
+             "max_num_seqs": sequences * (mean_r - 1) / max_num_seqs if max_num_seqs else 0.0,
+             "the KV pool": sequences * context / kv_pool_tokens if kv_pool_tokens else 0.0}
+    set_by = max(steps, key=steps.get)
+    weight_bytes = steps[set_by] * linear_params(shape) * dtype_bytes
+    kv_bytes = sequences * context * kv_bytes_per_token(shape, dtype_bytes)
+    return {"basis": "HBM bandwidth: weights once per decode step + each sequence's KV cache at its context",
+            "decode_steps": steps[set_by], "steps_set_by": set_by, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
+            "limit_s": (weight_bytes + kv_bytes) / hbm_bytes_per_s}
 
 
 def bandwidth_limit(seconds: float | None, bytes_moved: float, bytes_per_s: float, what: str) -> dict[str, Any]:
@@ -207,6 +273,30 @@ def vllm_ceiling(recipe: Mapping[str, Any], gpu_name: str | None, *, root=None, 
             "reason": f"standalone vLLM output tokens/s on this GPU, {source} (measured {when or 'at an unrecorded time'})"}
 
 
+DECODE_DTYPE_BYTES = 2  # verl 0.9.1's rollout runs vLLM in bf16 with its KV cache in the model's dtype (kv_cache_dtype auto)
+VERL_MAX_NUM_SEQS = 256  # verl 0.9.1's rollout default (verl/trainer/config/rollout/rollout.yaml max_num_seqs), which the recipe keeps
+
+
+def gen_hbm_bound(recipe: Mapping[str, Any], mean: Mapping[str, float | None], shape: ModelShape, gpu_name: str,
+                  gen_s: float | None) -> dict[str, Any] | None:
+    """gen against :func:`decode_bound` for one vLLM replica's share of the batch. The response lengths are the
+    synthetic length model's distribution where the recipe has one (``response_length_mean``), else every response
+    at the steps' measured mean (verl logs no more; E[r^2] >= E[r]^2, so the bound stays a lower one). None for a
+    GPU :data:`HBM_BYTES_PER_S` lacks or steps without lengths."""
+    from rlkit.length_model import response_length_pmf
+
+    hbm = hbm_bytes_per_s(gpu_name)
+    if hbm is None or None in mean.values():
+        return None
+    pmf = (response_length_pmf(recipe["response_length_mean"], recipe["max_response_length"])
+           if recipe.get("response_length_mean") else {max(round(mean["response_length/mean"]), 1): 1.0})
+    sequences = recipe["train_batch_size"] * recipe["rollout_n"] * recipe.get("rollout_tp", 1) // recipe["n_gpus"]
+    bound = decode_bound(shape, sequences=sequences, prompt_tokens=mean["prompt_length/mean"], response_pmf=pmf,
+                         hbm_bytes_per_s=hbm[0], dtype_bytes=DECODE_DTYPE_BYTES,
+                         max_num_seqs=recipe.get("max_num_seqs", VERL_MAX_NUM_SEQS))
+    return {**bound, "hbm_source": hbm[1], "seconds": gen_s, "fraction": bound["limit_s"] / gen_s if gen_s else None}
+
+
 def _mean(steps: list[Mapping[str, Any]], key: str) -> float | None:
     values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
     return sum(values) / len(values) if values else None
@@ -245,7 +335,8 @@ def grpo_step_limits(recipe: Mapping[str, Any], steps: list[Mapping[str, Any]], 
     out["phases"]["gen"] = {**throughput_limit(phase_s["gen"], generated, ceiling["output_tok_s"],
                                                "standalone vLLM output tokens/s per replica" if ceiling["output_tok_s"]
                                                else "no standalone vLLM measurement matches this run"),
-                            "ceiling": ceiling["source"], "reason": ceiling["reason"]}
+                            "ceiling": ceiling["source"], "reason": ceiling["reason"],
+                            "hbm_bound": gen_hbm_bound(recipe, mean, shape, gpu_name, phase_s["gen"])}
     if pinned_gbps:
         rate = pinned_gbps * 1e9
         if recipe.get("optimizer") == "HostAdamW":

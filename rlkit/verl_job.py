@@ -69,6 +69,8 @@ def recipe_env(recipe) -> dict[str, str]:
     value)."""
     return {"RLKIT_PATCHES": ",".join(recipe.active_patches),
             "RLKIT_REPLAY_POLL_S": f"{recipe.replay_poll_s:g}" if "replay_poll" in recipe.active_patches else "",
+            # 0 (pre-flight's choice) is resolved before a launch (rlkit.grpo.run); unresolved, the patch refuses
+            "RLKIT_SELECTIVE_LAYERS": str(recipe.selective_layers or "") if "selective_checkpoint" in recipe.active_patches else "",
             "RLKIT_EMULATE_GPU_GIB": f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else "",
             "RLKIT_CHECK_RANK_IDENTITY": "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""}
 
@@ -78,7 +80,8 @@ def shell_command(recipe, overrides: list[str]) -> str:
     check and the record folder are left to the launcher)."""
     settings = recipe_env(recipe)
     env = {"RLKIT_PATCHES": settings["RLKIT_PATCHES"], "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **OFFLINE_ENV,
-           **{k: settings[k] for k in ("RLKIT_EMULATE_GPU_GIB", "RLKIT_REPLAY_POLL_S") if settings[k]}}
+           **{k: settings[k] for k in ("RLKIT_EMULATE_GPU_GIB", "RLKIT_REPLAY_POLL_S", "RLKIT_SELECTIVE_LAYERS")
+              if settings[k]}}
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return " \\\n  ".join([env_part, "python -m verl.trainer.main_ppo", *(shlex.quote(o) for o in overrides)])
 
@@ -242,6 +245,7 @@ def preflight_findings(recipe, overrides: list[str]) -> dict[str, Any]:
 
     findings = [_plain(f) for f in preflight.check_overrides(overrides, active_patches=list(recipe.active_patches),
                                                              gpu_gib=recipe.planner_gpu_gib,
+                                                             env={**os.environ, **recipe_env(recipe)},
                                                              host_available_gib=preflight.available_host_gib())]
     return {"available": True, "findings": [f for f in findings if f.get("check") != "planner"],
             "planner": [f for f in findings if f.get("check") == "planner"],

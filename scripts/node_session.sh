@@ -14,8 +14,12 @@
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
 #                     levers and of the profiler (24)
 #   profile-levers    one update profiled with both levers (24)
+#   profile-sac       one update profiled with selective checkpointing of all 36 layers (the profile has the whole
+#                     H200): the recompute it removes at most, against profile-base of the same lease (42)
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
+#   kernels-liger     Qwen3's RMSNorm, rotary and SwiGLU at the seed's 24,576 tokens: eager, rlkit's compiled patches and
+#                     liger-kernel (bundle --with-kernels), fwd+bwd time and exactness against eager (42)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   vllm-ceiling-1gpu  standalone vLLM at the h200-1gpu profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)
@@ -35,6 +39,12 @@
 #                     commit (24, 41)
 #   seed-levers       arm 5 at the seed's workload with every lever: the overlapped copies (no rank-0 owner on one
 #                     GPU), the compiled RMSNorm, rotary and SwiGLU, and the replay-buffer poll at 0.2 s (24)
+#   seed-sac          arm 5 at the seed's workload with selective checkpointing of as many layers as pre-flight's
+#                     planner fits on the 47.4 GiB card (the run records the count): update_actor, MFU, peak against
+#                     seed-arm5 of the same commit (42)
+#   seed-util         arm 5 at the seed's workload with vLLM's gpu_memory_utilization at 0.95 instead of 0.85: the KV pool
+#                     from the memory arm 5 frees (the planner says vLLM still starts: tests/test_budget.py), gen against
+#                     seed-arm5 of the same commit (42)
 #   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
 #   h200-1gpu-fast    arm 5 at that shape with the workload levers (remove-padding with rlkit_varlen, chunked log-probs,
 #                     24,576 tokens per micro-batch) and every lever of seed-levers (24)
@@ -61,9 +71,12 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                           --tag h200-overlap) ;;
     profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
                          -p rmsnorm=compiled -p pointwise=compiled --tag h200-levers) ;;
+    profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p selective_layers=36
+                      --tag h200-sac) ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag h200-compiled) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
+    kernels-liger) cmd=(python3 -m rlkit.experiments.elementwise_kernels --profile h200 --out "$dir") ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;
     vllm-ceiling-1gpu) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-1gpu) ;;
     seed-arms) cmd=("${seed[@]}" scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw 5-master-on-host-cast-once) ;;
@@ -80,6 +93,10 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                         RLKIT_TAG_SUFFIX=-compiled scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-levers) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers" RLKIT_TAG_SUFFIX=-levers
                       scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-sac) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p activation_checkpointing=selective" RLKIT_TAG_SUFFIX=-sac
+                   scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-util) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p gpu_memory_utilization=0.95" RLKIT_TAG_SUFFIX=-util0.95
+                    scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-arm5) cmd=("${one_gpu[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-fast) workload="-p attn_implementation=rlkit_varlen -p use_remove_padding=true -p logits=chunked"
                     workload+=" -p ppo_max_token_len_per_gpu=24576"

@@ -404,3 +404,44 @@ def test_chunked_logits_paths_match_the_measured_peak():
                 planned = B.logits_bytes(spec, shape, rows, train=train) + (rows * H * 2 if train else 0)
                 assert peak == pytest.approx(planned, rel=0.03), (path, rows, mode, peak / GIB, planned / GIB)
                 del h, w, y, lp, ent
+
+
+def test_selective_layers_keep_their_matmul_and_attention_outputs():
+    """Per selective layer and token (toy: q_dim 8, kv_dim 4, hidden 8, intermediate 16): q, k, v, the attention
+    output, o_proj, down_proj, gate and up = 8 + 4 + 4 + 8 + 8 + 8 + 16 + 16 = 72 bf16 elements, in the update only."""
+    s = MS.shape_from_config(TOY, "toy")
+    full = B.phase_components(toy_spec(offload_views=True), s)[0]
+    for layers in (1, 2):
+        kept = B.phase_components(toy_spec(offload_views=True, selective_layers=layers), s)[0]
+        assert kept["update_fwd_bwd"]["activations"] - full["update_fwd_bwd"]["activations"] == layers * 16 * 72 * 2
+        assert kept["log_prob"]["activations"] == full["log_prob"]["activations"]
+    with pytest.raises(ParamError, match="selective_layers: 3 is more than toy's 2 layers"):
+        B.phase_components(toy_spec(selective_layers=3), s)
+    with pytest.raises(ParamError, match="selective_layers: selective checkpointing is a mode of gradient"):
+        toy_spec(selective_layers=1, gradient_checkpointing=False)
+
+
+def _seed_arm5() -> B.PlanSpec:
+    """Arm 5 at the seed's workload on the 47.4-GiB card: the planner's inputs of that run."""
+    return B.PlanSpec(model="qwen3-4b", gpu_gib=47.4, n_gpus=1, max_prompt_length=256, max_response_length=4096,
+                      micro_batch_tokens=24576, log_prob_micro_batch_tokens=24576, optimizer_offload=False,
+                      logits_path="chunked_logprobs", update_entropy="detached", remove_padding=True,
+                      mean_response_tokens=1325.0, offload_views=True, cpu_optimizer_step=True, master_on_host=True,
+                      cast_once=True, skip_old_logprob=True)
+
+
+def test_the_most_selective_layers_is_the_largest_count_that_fits():
+    """At arm 5's seed workload: the count that fits and one more that does not."""
+    spec = _seed_arm5()
+    n = B.most_selective_layers(spec)
+    assert 0 < n < 36
+    assert B.plan(replace(spec, selective_layers=n)).fits and not B.plan(replace(spec, selective_layers=n + 1)).fits
+    assert B.most_selective_layers(replace(spec, gpu_gib=139.8, gpu_memory_utilization=0.3)) == 36  # the H200 itself
+    assert B.most_selective_layers(replace(spec, gradient_checkpointing=False)) == 0
+
+
+def test_arm5_at_the_seeds_workload_still_starts_vllm_at_a_larger_kv_pool():
+    """scripts/node_session.sh's seed-util: gpu_memory_utilization 0.95 instead of 0.85 still fits (vLLM starts
+    beside the actor's rollout residue) and gives the KV pool more sequences."""
+    base, more = B.plan(_seed_arm5()), B.plan(replace(_seed_arm5(), gpu_memory_utilization=0.95))
+    assert base.fits and more.fits and more.max_concurrent_seqs > base.max_concurrent_seqs

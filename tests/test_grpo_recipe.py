@@ -402,3 +402,36 @@ def test_verify_subprocess_applies_the_seed_levers_with_an_arm(tmp_path):
     ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
     result = verl_job.verify_subprocess(r, ov, tmp_path)
     assert sorted(result["active_patches"]) == sorted(r.active_patches) and not result["pending_patches"]
+
+
+def test_selective_checkpointing_is_a_field_that_adds_its_patch_and_its_layer_count():
+    r = _recipe(activation_checkpointing="selective", selective_layers=5)
+    assert "selective_checkpoint" in r.active_patches
+    assert verl_job.recipe_env(r)["RLKIT_SELECTIVE_LAYERS"] == "5"
+    assert "RLKIT_SELECTIVE_LAYERS=5" in verl_job.shell_command(r, [])
+    assert verl_job.recipe_env(_recipe())["RLKIT_SELECTIVE_LAYERS"] == ""  # full: cleared, the patch absent
+    for changes, field in (({"selective_layers": 3}, "selective_layers"),
+                           ({"activation_checkpointing": "selective", "gradient_checkpointing": False},
+                            "activation_checkpointing"),
+                           ({"patches": ("selective_checkpoint",)}, "patches")):
+        with pytest.raises(P.ParamError, match=rf"GRPORecipe\.{field}: .*Fix: "):
+            _recipe(**changes)
+
+
+def test_pre_flight_picks_the_most_selective_layers_that_fit_and_plans_with_them():
+    """selective_layers 0: the planner's largest count for the run's own overrides (arm 5 at the seed's workload),
+    which the run then records and its pre-flight plans with."""
+    from rlkit import budget
+    from rlkit.preflight_memory import planner_spec_for_overrides
+
+    values = {**load_profile(grpo.NOTEBOOK, "h200-seed"), **R.arm_values("5-master-on-host-cast-once"),
+              "host_rank0_owner": False, "activation_checkpointing": "selective"}
+    r = P.build(R.GRPORecipe, values, where="seed-sac")
+    ov = R.render_overrides(r, R.Paths(model="qwen3-4b", train_file="/d.parquet"))
+    chosen = grpo.with_selective_layers(r, ov)
+    spec = planner_spec_for_overrides(ov, r.active_patches, gpu_gib=r.planner_gpu_gib)
+    assert chosen.selective_layers == budget.most_selective_layers(spec) > 0
+    assert grpo.with_selective_layers(chosen, ov) is chosen  # a count set by hand is kept
+    planned = verl_job.preflight_findings(chosen, ov)["planner"][0]["message"]
+    more = dataclasses.replace(chosen, selective_layers=chosen.selective_layers + 1)
+    assert "fits" in planned and verl_job.preflight_findings(more, ov)["planner"][0]["severity"] == "error"

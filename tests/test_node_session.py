@@ -5,6 +5,7 @@ driver: its console, the progress lines with its exit status, and DONE, the poll
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import shlex
@@ -50,7 +51,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 24
+    assert len(JOBS) == 28
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -70,6 +71,12 @@ def test_every_job_names_what_exists(tmp_path):
             assert (REPO_ROOT / "nbs" / "params" / f"05_grpo_qwen3_4b.{profile}.yaml").exists(), f"{job}: {profile}"
         fields = known.get(job, _fields(GRPORecipe))
         assert set(_params(words)) <= fields, f"{job}: {_params(words)} not all in {sorted(fields)}"
+        modules = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m" and words[i + 1].startswith("rlkit.")]
+        assert all(importlib.util.find_spec(m) for m in modules), f"{job}: {modules}"
+    assert _params(shlex.split(commands["seed-sac"])) == ["activation_checkpointing"]
+    assert _params(shlex.split(commands["profile-sac"])) == ["selective_layers"]
+    assert _params(shlex.split(commands["seed-util"])) == ["gpu_memory_utilization"]
+    assert "rlkit.experiments.elementwise_kernels" in commands["kernels-liger"]
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
     assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",

@@ -1,10 +1,11 @@
 """rlkit.roofline: model FLOPs from the shape (cross-checked with verl's own estimator), the peak table, and a
 committed GRPO run's phases against their limits."""
+import dataclasses
 import json
 
 import pytest
 
-from rlkit import grpo, model_shape, roofline
+from rlkit import grpo, length_model, model_shape, roofline
 from rlkit.env import REPO_ROOT
 
 
@@ -70,3 +71,109 @@ def test_the_committed_full_arc_arm_against_its_limits():
     assert limits["phases"]["old_log_prob"]["fraction"] is None  # skip_old_logprob: no pass to measure
     assert limits["tokens_per_sequence"]["computed"] == 512  # padded: 256 + 256, no remove-padding
     assert 0 <= limits["phases"]["between_phases"]["share_of_step"] < 1
+
+
+# gen's bound from the memory bandwidth (rlkit.roofline.decode_bound)
+
+def _bound(shape, pmf, **kw):
+    return roofline.decode_bound(shape, sequences=kw.pop("sequences", 2), prompt_tokens=kw.pop("prompt_tokens", 3),
+                                 response_pmf=pmf, hbm_bytes_per_s=1e9, **kw)
+
+
+def test_decode_bound_by_hand_for_two_sequences_of_the_tiny_preset():
+    """Prompt 3, responses of 2 or 4 tokens (even odds). By hand: a 2-token response has one decode step reading 4
+    KV tokens, a 4-token one three reading 4 + 5 + 6 = 15; the mean is 9.5 per sequence, 19 for the two. The longest
+    of two responses is 4 with probability 3/4: E[max] = 3.5, so 2.5 decode steps read the weights."""
+    s = model_shape.resolve_model("tiny")
+    b = _bound(s, {2: 0.5, 4: 0.5})
+    kv_token = 2 * s.layers * s.kv_heads * s.head_dim * 2
+    assert b["kv_bytes"] == pytest.approx(19 * kv_token, rel=1e-12)
+    assert b["decode_steps"] == pytest.approx(2.5, rel=1e-12) and b["steps_set_by"] == "the longest response"
+    assert b["weight_bytes"] == pytest.approx(2.5 * roofline.linear_params(s) * 2, rel=1e-12)
+    assert b["limit_s"] == pytest.approx((b["kv_bytes"] + b["weight_bytes"]) / 1e9, rel=1e-12)
+
+
+def test_without_a_kv_cache_the_bound_is_the_weights_read_once_per_decode_step():
+    s = dataclasses.replace(model_shape.resolve_model("tiny"), kv_heads=0)
+    b = _bound(s, {10: 1.0})
+    assert b["kv_bytes"] == 0 and b["limit_s"] == pytest.approx(9 * roofline.linear_params(s) * 2 / 1e9, rel=1e-12)
+
+
+def test_decode_bound_grows_with_the_context_and_the_responses():
+    s = model_shape.resolve_model("tiny")
+    by_prompt = [_bound(s, {8: 1.0}, prompt_tokens=p)["limit_s"] for p in (0, 10, 100, 1000)]
+    assert by_prompt == sorted(by_prompt) and len(set(by_prompt)) == 4
+    by_mean = [_bound(s, length_model.response_length_pmf(m, 256), sequences=16)["limit_s"] for m in (2, 8, 64, 0)]
+    assert by_mean == sorted(by_mean) and len(set(by_mean)) == 4
+
+
+def test_decode_steps_are_set_by_the_tightest_of_length_concurrency_and_kv_pool():
+    s = model_shape.resolve_model("tiny")
+    assert _bound(s, {5: 1.0}, sequences=8, max_num_seqs=8)["decode_steps"] == 4  # all run at once
+    few = _bound(s, {5: 1.0}, sequences=8, max_num_seqs=2)  # 8 x 4 decode tokens, 2 at a time
+    assert few["decode_steps"] == 16 and few["steps_set_by"] == "max_num_seqs"
+    small_pool = _bound(s, {5: 1.0}, sequences=8, prompt_tokens=3, kv_pool_tokens=8)  # 8 x (4+5+6+7) KV reads, 8 a step
+    assert small_pool["decode_steps"] == 22 and small_pool["steps_set_by"] == "the KV pool"
+
+
+def test_expected_longest_response_agrees_with_sampled_lengths():
+    pmf = length_model.response_length_pmf(50, 300)
+    sampled = [max(length_model.sample_response_lengths(50, 300, 64, seed=i)) for i in range(400)]
+    assert roofline.expected_max(pmf, 64) == pytest.approx(sum(sampled) / len(sampled), rel=0.03)
+
+
+def _committed_runs_with_gen():
+    from rlkit.verl_logs import training_steps
+
+    for run in sorted((REPO_ROOT / "outputs/05_grpo_qwen3_4b").glob("*/metrics.json")):
+        metrics = grpo.read_results(run.parent)
+        if metrics.get("launched") and len(training_steps(metrics.get("steps", []))) >= 2:
+            yield run.parent, metrics
+
+
+def test_the_length_model_matches_the_committed_runs_lengths():
+    """The distribution the bound integrates over is the runs' own: the mean of every step of a committed run with the
+    synthetic length model within four standard errors of the model's mean of 256 draws (every step at lr 0, the first
+    rollout otherwise: updates move the lengths), the longest response of 256 at the cap, as the model expects."""
+    checked = 0
+    for _, metrics in _committed_runs_with_gen():
+        recipe = metrics["recipe"]
+        if not recipe.get("response_length_mean"):
+            continue
+        pmf = length_model.response_length_pmf(recipe["response_length_mean"], recipe["max_response_length"])
+        mean = sum(k * p for k, p in pmf.items())
+        standard_error = (sum(k * k * p for k, p in pmf.items()) - mean**2) ** 0.5 / 256**0.5
+        for step in metrics["steps"] if recipe["lr"] == 0 else metrics["steps"][:1]:
+            assert abs(step["response_length/mean"] - mean) < 4 * standard_error
+            assert step["response_length/max"] == recipe["max_response_length"]
+        assert roofline.expected_max(pmf, 256) == pytest.approx(recipe["max_response_length"], abs=1)
+        checked += 1
+    assert checked >= 3
+
+
+def test_gens_hbm_bound_never_exceeds_a_committed_gen_and_matches_the_hand_count():
+    """A lower bound below every measured rollout; at the h200-1gpu shape it is the hand count in results.md (256
+    decode steps of 8.0 GB weights and 2.0 TB of KV cache: 0.85 s at 4.8 TB/s)."""
+    for run, metrics in _committed_runs_with_gen():
+        gpu = json.loads((run / "env.json").read_text())["gpus"][0]["name"]
+        hbm = grpo.phase_limits(metrics, gpu)["phases"]["gen"]["hbm_bound"]
+        assert 0 < hbm["fraction"] < 1, run.name
+    one_gpu = REPO_ROOT / "outputs/05_grpo_qwen3_4b/h200-1gpu-5-master-on-host-cast-once"
+    hbm = grpo.phase_limits(grpo.read_results(one_gpu), "NVIDIA H200")["phases"]["gen"]["hbm_bound"]
+    assert hbm["limit_s"] == pytest.approx(0.85, abs=0.01) and hbm["hbm_source"].startswith("NVIDIA H200")
+
+
+def test_length_distribution_is_a_distribution_with_the_models_mean():
+    pmf = length_model.response_length_pmf(40, 100)
+    assert sum(pmf.values()) == pytest.approx(1.0, abs=1e-12) and min(pmf) == 1 and max(pmf) == 100
+    assert sum(k * p for k, p in pmf.items()) == pytest.approx(length_model.expected_response_tokens(40, 100), rel=1e-12)
+    assert length_model.response_length_pmf(0, 100) == {100: 1.0}  # off: a random model runs to the cap
+
+
+def test_each_vllm_replica_decodes_its_share_of_the_batch():
+    recipe = {"train_batch_size": 4, "rollout_n": 4, "n_gpus": 1, "max_response_length": 64, "response_length_mean": 0}
+    mean = {"prompt_length/mean": 10.0, "response_length/mean": 64.0}
+    s = model_shape.resolve_model("tiny")
+    one, two = (roofline.gen_hbm_bound({**recipe, "n_gpus": n}, mean, s, "NVIDIA H200", 1.0) for n in (1, 2))
+    assert two["kv_bytes"] * 2 == one["kv_bytes"] and two["decode_steps"] == one["decode_steps"] == 63
+    assert roofline.gen_hbm_bound(recipe, mean, s, "GTX 1080", 1.0) is None

@@ -127,6 +127,20 @@ def test_plain_module_with_the_device_optimizer(tmp_path):
     check_flops(metrics, "tiny")
 
 
+def test_selective_checkpointing_profiles_the_same_update(tmp_path):
+    """The tiny profile through FSDP with every layer checkpointed selectively: the same first-update loss and gradient
+    norm as full checkpointing, bit for bit, with the patch active for the run and reverted after."""
+    from rlkit.patches import selective_checkpoint
+
+    _, full = _run(tmp_path, tag="full")
+    selective_checkpoint.CALLS.clear()
+    _, sac = _run(tmp_path, "selective_layers=2", tag="sac")
+    assert "selective_checkpoint" in sac["model"]["patches_active"] and not selective_checkpoint.PATCH.active()
+    assert selective_checkpoint.CALLS["saved"] > 0  # the policy ran inside FSDP's wrapped layers
+    for key in ("loss", "grad_norm"):
+        assert sac["timing"]["profiled"][key] == full["timing"]["profiled"][key]
+
+
 def test_micro_batch_plan_keeps_verls_token_limit():
     cfg = P.build(U.Config, U.PROFILES["h200"])
     plan = U.micro_batch_plan(cfg)
@@ -159,6 +173,7 @@ def test_micro_batch_tensors_mask_the_response_labels():
     ({"response_cap": 300}, ["max_tokens_per_micro_batch=256", "Fix"]),
     ({"micro_batch_fill": 1.5}, ["micro_batch_fill=1.5"]),
     ({"model": "qwen3-5b"}, ["model='qwen3-5b'"]),
+    ({"selective_layers": 2, "gradient_checkpointing": False}, ["selective_layers=2", "gradient_checkpointing=true"]),
 ])
 def test_bad_parameters_are_refused_naming_the_key(overrides, words):
     with pytest.raises(P.ParamError) as err:

@@ -46,6 +46,7 @@ FLOPs fwd + bwd of the real tokens; hardware FLOPs + the checkpoint recompute), 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -82,6 +83,7 @@ class Config:
     gradient_checkpointing: bool  # like verl's enable_gradient_checkpointing
     rmsnorm: str  # eager (transformers') | compiled (the compiled_rmsnorm patch: the same expression, torch.compile)
     pointwise: str  # eager | compiled (the compiled_pointwise patch: rotary and SwiGLU through torch.compile)
+    selective_layers: int  # 0: every layer fully checkpointed; n: the selective_checkpoint patch on the first n layers
     micro_batches: int  # micro-batches in the update
     max_tokens_per_micro_batch: int  # verl's ppo_max_token_len_per_gpu (packed tokens per micro-batch, at most)
     micro_batch_fill: float  # tokens drawn / (micro_batches x max_tokens_per_micro_batch), in (0, 1]
@@ -108,6 +110,9 @@ class Config:
         if self.optimizer == "host_adamw" and self.wrap == "plain":
             raise P.ParamError("optimizer='host_adamw' steps FSDP's fp32 flat parameters; wrap='plain' has bf16 "
                                "weights. Fix: -p wrap=fsdp (or fsdp_cast_once), or -p optimizer=gpu_adamw.")
+        if self.selective_layers < 0 or (self.selective_layers and not self.gradient_checkpointing):
+            raise P.ParamError(f"selective_layers={self.selective_layers}: a number of layers >= 0, with "
+                               "gradient_checkpointing=true (selective checkpointing is a mode of it).")
         if self.overlap_copies and self.optimizer != "host_adamw":
             raise P.ParamError(f"overlap_copies=true is a HostAdamW option, but optimizer={self.optimizer!r}. Fix: "
                                "-p optimizer=host_adamw, or -p overlap_copies=false.")
@@ -135,13 +140,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The seed's update on one H200: Qwen3-4B, 4 micro-batches of <= 24,576 tokens (about a third of a seed step's
     # ~11), the seed's arm-5 wrap and host optimizer (fp32 master kept on the device). ~1.5-2.5 min on the node.
     "h200": {"model": "qwen3-4b", "device": "cuda", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager", "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
+             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
+             "selective_layers": 0, "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
              "micro_batch_fill": 0.95, "prompt_tokens": 100, "response_mean": 1200, "response_cap": 4096,
              "chunk_rows": 2048, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
     # The same code path on a CPU in seconds (per-sequence SDPA instead of the varlen kernel, no CUDA events).
     "tiny": {"model": "tiny", "device": "cpu", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager", "micro_batches": 2, "max_tokens_per_micro_batch": 256,
+             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
+             "selective_layers": 0, "micro_batches": 2, "max_tokens_per_micro_batch": 256,
              "micro_batch_fill": 0.9, "prompt_tokens": 12, "response_mean": 40, "response_cap": 120,
              "chunk_rows": 64, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
@@ -363,12 +370,15 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
 
     from rlkit import patches, trace_summary
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import cast_once, compiled_pointwise, compiled_rmsnorm, varlen_attention
+    from rlkit.patches import cast_once, compiled_pointwise, compiled_rmsnorm, selective_checkpoint, varlen_attention
 
     device = _device(cfg.device)
     wanted = ([varlen_attention.PATCH] + ([cast_once.PATCH] if cfg.wrap == "fsdp_cast_once" else [])
               + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else [])
-              + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else []))
+              + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else [])
+              + ([selective_checkpoint.PATCH] if cfg.selective_layers else []))
+    if cfg.selective_layers:  # the count the patch reads, as verl's processes get it from the recipe
+        os.environ[selective_checkpoint.ENV] = str(cfg.selective_layers)
     applied = [p for p in wanted if not p.active()]
     for patch in applied:
         patch.apply()

@@ -39,6 +39,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "replay_poll": "rlkit.patches.replay_poll",
     "compiled_rmsnorm": "rlkit.patches.compiled_rmsnorm",
     "compiled_pointwise": "rlkit.patches.compiled_pointwise",
+    "selective_checkpoint": "rlkit.patches.selective_checkpoint",
 }
 
 
