@@ -204,6 +204,7 @@ def _ceiling(root: Path, tag: str, cfg, tok_s: float, when: str, gpu: str = GPU,
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps({"shape": cfg.shape(gpu), "output_tok_s": tok_s,
                                                      "measured_utc": when}))
+    (folder / "env.json").write_text(json.dumps({"gpus": [{"name": gpu}]}))  # every run records where it ran
     if add:
         subprocess.run(["git", "-C", str(root), "add", str(folder / "metrics.json")], check=True)
     return folder
