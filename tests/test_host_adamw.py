@@ -276,7 +276,8 @@ def test_pin_memory_true_without_cuda_is_a_clear_error():
 @pytest.mark.parametrize("kwargs, key", [({"impl": "cuda"}, "impl"), ({"lr": -1.0}, "lr"),
                                          ({"betas": (0.9, 1.5)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
                                          ({"rank0_owner": True}, "rank0_owner"), ({"host_threads": -1}, "host_threads"),
-                                         ({"host_threads": True}, "host_threads"), ({"host_threads": 2.0}, "host_threads")])
+                                         ({"host_threads": True}, "host_threads"), ({"host_threads": 2.0}, "host_threads"),
+                                         ({"owners": "rack"}, "owners"), ({"owners": "node"}, "owners")])
 def test_bad_arguments_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         HostAdamW(make_params(), **kwargs)
