@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 ray = pytest.importorskip("ray")
-import _ray_nodes as nodes  # noqa: E402  (tests/ is on sys.path under pytest)
-from ray import cloudpickle  # noqa: E402
+import _ray_nodes as nodes  # tests/ is on sys.path under pytest
+from ray import cloudpickle
 
 cloudpickle.register_pickle_by_value(nodes)  # the raylets' workers cannot import tests/ by name
 
