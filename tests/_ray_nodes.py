@@ -28,6 +28,7 @@ WIDTH, LAYERS = 16, 3
 # clusters are "not supported"; this switch says so, in the driver (the constant) and in the raylets and workers it
 # starts (the variable), so that every address stays on the loopback.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
 
 
 @contextmanager
@@ -61,11 +62,11 @@ def _start():
     from ray.cluster_utils import Cluster
 
     def node_args(name):
-        # A fixed metrics-agent port: with port 0 the raylet waits for the agent to write the port it bound, and gives
-        # up after a fixed wait that a loaded 2-core host can exceed while the agent's Python starts.
+        # Fixed agent ports: with port 0 the raylet waits for each agent to write the port it bound, and gives up after
+        # a fixed wait that a loaded 2-core host exceeded while the agents' Python started.
+        ports = {key: free_port() for key in AGENT_PORTS}
         return {"num_cpus": WORLD, "resources": {name: WORLD}, "labels": {"rlkit/node": name},
-                "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024,
-                "metrics_agent_port": free_port()}
+                "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024, **ports}
 
     for attempt in range(2):
         started = Cluster(shutdown_at_exit=True)
