@@ -28,6 +28,9 @@ WIDTH, LAYERS = 16, 3
 # clusters are "not supported"; this switch says so, in the driver (the constant) and in the raylets and workers it
 # starts (the variable), so that every address stays on the loopback.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# What the raylets and workers the driver starts inherit: the loopback switch, and a longer wait for the agents a raylet
+# starts (a raylet aborts when an agent has not reported its port in time, which a loaded 2-core host exceeded).
+RAYLET_ENV = {LOOPBACK_ENV: "0", "RAY_agent_register_timeout_ms": "120000"}
 AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
 
 
@@ -38,8 +41,9 @@ def cluster():
     import ray
     from ray._private import ray_constants
 
-    saved = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[LOOPBACK_ENV], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    saved = {name: os.environ.get(name) for name in RAYLET_ENV}, ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(RAYLET_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
     started = None
     try:
         started = _start()
@@ -49,10 +53,11 @@ def cluster():
         if started is not None:
             started.shutdown()
         ray_constants.ENABLE_RAY_CLUSTER = saved[1]
-        if saved[0] is None:
-            os.environ.pop(LOOPBACK_ENV)
-        else:
-            os.environ[LOOPBACK_ENV] = saved[0]
+        for name, value in saved[0].items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
 
 
 def _start():
