@@ -420,7 +420,7 @@ def test_state_dict_records_the_rank_role_and_torch_adamw_ignores_it():
     assert opt.options() == {"impl": "fused", "rank0_owner": False, "skip_nonfinite": True,
                              "check_identical_grads": False, "pin_memory": torch.cuda.is_available(),
                              "broadcast_device": "host", "host_threads": 1, "overlap_copies": False,
-                             "group_size": 1}
+                             "group_size": 1, "owners": "group", "nodes": None}
     ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
     ref.load_state_dict(saved)  # the extra entry is not torch's business
     assert torch.equal(ref.state[ref_params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
