@@ -17,7 +17,7 @@ Not counted: the rollout batch through Ray's object store (token ids, masks, log
 the trainer's metrics, orders of magnitude below the gradients for a model of 10^8 parameters or more.
 
 The time floor is the bytes over the link's bandwidth (full duplex: sending and receiving overlap). It is a floor:
-the all-reduce also sums on the GPUs, and NCCL reaches some 80-90% of a link's rate at best.
+the all-reduce also sums on the GPUs, and NCCL does not reach a link's full rate.
 """
 from __future__ import annotations
 
