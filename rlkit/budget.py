@@ -105,7 +105,8 @@ class PlanSpec:
 
     model: str = "qwen3-4b"  # preset name, HF id matching a preset, or path to config.json
     gpu_gib: float = 47.4  # device memory as torch reports it (an RTX A6000 48 GB: 47.4 GiB)
-    n_gpus: int = 2  # data-parallel ranks (NO_SHARD replicas), one vLLM engine per GPU (TP=1)
+    n_gpus: int = 2  # data-parallel ranks (NO_SHARD replicas) on all nodes together, one vLLM engine per GPU (TP=1)
+    nodes: int = 1  # nodes the n_gpus ranks are spread over evenly (verl trainer.nnodes); host memory is per node
     gpu_memory_utilization: float = 0.85  # vLLM: fraction of TOTAL device memory for weights+KV+graphs
     max_prompt_length: int = 2048
     max_response_length: int = 10240
@@ -148,11 +149,14 @@ class PlanSpec:
         if not (0 < self.gpu_memory_utilization <= 1):
             bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization!r}",
                 "use a fraction such as 0.6")
-        for key in ("n_gpus", "max_prompt_length", "max_response_length", "train_batch_size", "group_size",
+        for key in ("n_gpus", "nodes", "max_prompt_length", "max_response_length", "train_batch_size", "group_size",
                     "micro_batch_tokens", "log_prob_micro_batch_tokens"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 bad(key, f"must be a positive integer, got {value!r}", "set a positive integer")
+        if self.n_gpus % self.nodes:
+            bad("nodes", f"{self.n_gpus} GPUs (n_gpus) do not split evenly over {self.nodes} nodes",
+                "set n_gpus to the GPUs of all nodes together, a multiple of nodes")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             bad("lora_rank", f"must be an integer >= 0, got {self.lora_rank!r}", "0 for full fine-tune, else the rank")
         for key in ("cudagraph_gib", "non_torch_gib", "host_gib"):
@@ -468,7 +472,8 @@ def plan(spec: PlanSpec, shape: ModelShape | None = None) -> Plan:
     host_rank0 = {p: gib(sum(c.values())) for p, c in host.items()}
     rank0_only = ("adam_moments", "staging_pinned") if spec.rank0_owner else ()  # other ranks never step
     host_other = {p: gib(sum(v for k, v in c.items() if k not in rank0_only)) for p, c in host.items()}
-    node_peak = max(host_rank0[p] + (spec.n_gpus - 1) * host_other[p] for p in host)
+    # per node: the node with rank 0 (or, with owners per node, every node: each has its owner)
+    node_peak = max(host_rank0[p] + (spec.n_gpus // spec.nodes - 1) * host_other[p] for p in host)
 
     per_seq = kv_bytes_per_seq(s, spec.max_prompt_length + spec.max_response_length)
     kv_pool = d["kv_pool_raw"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from rlkit.params import ParamError
 from rlkit.preflight_findings import ACTOR_FSDP, ROLLOUT, SEVERITIES, Context, Finding
-from rlkit.preflight_memory import (ENTROPY_COEFF, _entropy_coeff, available_host_gib, check_host_memory,
+from rlkit.preflight_memory import (ENTROPY_COEFF, _entropy_coeff, available_host_gib, check_host_memory, check_network,
                                     check_logits_path, check_planner)
 from rlkit.preflight_memory import planner_spec_for_overrides  # noqa: F401  (rlkit.preflight's API: grpo, tests)
 from rlkit.verl_config import PreflightInputError, VerlConfig, load_config, merge_trees, parse_overrides
@@ -264,6 +264,7 @@ CHECKS: dict[str, Callable[[VerlConfig, Context], list[Finding]]] = {
     "metric_entropy_coeff": check_metric_entropy_coeff,
     "logits_path": check_logits_path,
     "host_memory": check_host_memory,
+    "network": check_network,
     "planner": check_planner,
 }
 
@@ -278,7 +279,7 @@ def _installed(dist: str) -> str | None:
 def check_config(tree: Mapping[str, Any], active_patches: Iterable[str] | None = None, *,
                  gpu_gib: float | None = None, planner_options: Iterable[str] = (),
                  env: Mapping[str, str] | None = None, ray_version: str | None = None,
-                 host_available_gib: float | None = None) -> list[Finding]:
+                 host_available_gib: float | None = None, link_gbps: float | None = None) -> list[Finding]:
     """All findings for a nested config dict (errors first).
 
     ``active_patches`` defaults to ``rlkit.patches.active()``; ``env`` to ``os.environ``; ``ray_version``
@@ -298,9 +299,12 @@ def check_config(tree: Mapping[str, Any], active_patches: Iterable[str] | None =
         raise PreflightInputError(f"gpu_gib: must be positive GiB, got {gpu_gib!r}")
     if host_available_gib is not None and not host_available_gib >= 0:
         raise PreflightInputError(f"host_gib: must be GiB >= 0, got {host_available_gib!r}")
+    if link_gbps is not None and not link_gbps > 0:
+        raise PreflightInputError(f"link_gbps: must be a positive link speed in Gbit/s, got {link_gbps!r}")
     ctx = Context(active_patches=active_patches, env=os.environ if env is None else env,
                   ray_version=ray_version if ray_version is not None else _installed("ray"),
-                  gpu_gib=gpu_gib, planner_options=list(planner_options), host_available_gib=host_available_gib)
+                  gpu_gib=gpu_gib, planner_options=list(planner_options), host_available_gib=host_available_gib,
+                  link_gbps=link_gbps)
     config = VerlConfig(tree)
     findings = [f for name, check in CHECKS.items() for f in _named(check(config, ctx), name)]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
@@ -359,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-gib", default=None,
                         help="host memory available to the job per node in GiB, or 'auto' (this machine's MemAvailable): "
                              "checks HostAdamW's host state")
+    parser.add_argument("--link-gbps", type=float, default=None,
+                        help="each node's network link in Gbit/s, for trainer.nnodes > 1 (default 25)")
     ns = parser.parse_args(argv)
     try:
         host_gib = _host_gib_arg(ns.host_gib)
@@ -372,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         tree = merge_trees(tree, parse_overrides(overrides))
         patches = None if ns.patches is None else [p for p in ns.patches.split(",") if p]
         findings = check_config(tree, patches, gpu_gib=ns.gpu_gib,
-                                planner_options=[o for o in ns.options.split(",") if o], host_available_gib=host_gib)
+                                planner_options=[o for o in ns.options.split(",") if o], host_available_gib=host_gib,
+                                link_gbps=ns.link_gbps)
     except ParamError as err:
         print(f"rlkit preflight: error: {err}", file=sys.stderr)
         return 2

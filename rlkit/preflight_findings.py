@@ -39,3 +39,4 @@ class Context:
     gpu_gib: float | None
     planner_options: list[str]
     host_available_gib: float | None = None  # host memory a job can get on a node (MemAvailable); None: unknown
+    link_gbps: float | None = None  # each node's network link in Gbit/s; None: rlkit.multinode.DEFAULT_LINK_GBPS

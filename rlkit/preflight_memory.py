@@ -20,6 +20,8 @@ from rlkit.vllm_terms import cuda_graphs_term
 
 SELECTIVE_ENV = "RLKIT_SELECTIVE_LAYERS"  # rlkit.patches.selective_checkpoint.ENV (not imported: it imports torch)
 RANK0_OWNER_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.rank0_owner"
+OWNERS_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.owners"
+NNODES = "trainer.nnodes"
 ENTROPY_COEFF = "actor_rollout_ref.actor.entropy_coeff"
 
 
@@ -98,7 +100,7 @@ def _planner_spec(c: VerlConfig, ctx: Context):
         if c.is_set(RANK0_OWNER_KEY) and c.get(RANK0_OWNER_KEY):
             options.add("rank0_owner")
     values = {
-        "model": model, "gpu_gib": ctx.gpu_gib, "n_gpus": n,
+        "model": model, "gpu_gib": ctx.gpu_gib, "n_gpus": n, "nodes": int(c.get(NNODES)),
         "gpu_memory_utilization": c.get(f"{ROLLOUT}.gpu_memory_utilization"),
         "max_prompt_length": int(c.get("data.max_prompt_length")), "max_response_length": int(c.get("data.max_response_length")),
         "train_batch_size": int(c.get("data.train_batch_size")), "group_size": int(c.get(f"{ROLLOUT}.n")),
@@ -245,6 +247,39 @@ def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
     return [Finding("error", OPTIMIZER_IMPL, f"{message}, but the node has {ctx.host_available_gib:.2f} GiB "
                     f"available: the host runs out of memory (the kernel's OOM killer ends a Ray worker with SIGKILL, "
                     f"or HostAdamW's pinned staging allocation fails)", "; or ".join(alternatives))]
+
+
+def check_network(c: VerlConfig, ctx: Context) -> list[Finding]:
+    """On more than one node: what crosses the network each step (rlkit.multinode), a warning where it binds."""
+    from rlkit import model_shape, multinode
+
+    nodes = int(c.get(NNODES))
+    if nodes <= 1:
+        return []
+    model = c.get(f"{MODEL}.path")
+    try:
+        shape = model_shape.resolve_model(model) if model else None
+    except ParamError:
+        shape = None
+    if shape is None:
+        return [Finding("info", NNODES, f"network per step not planned: model {model!r} matches no planner preset and no "
+                        "local config.json", "set actor_rollout_ref.model.path to a preset or a local model folder")]
+    owner = "rlkit" in str(c.get(OPTIMIZER_IMPL)) and bool(c.is_set(RANK0_OWNER_KEY) and c.get(RANK0_OWNER_KEY))
+    owners = (c.get(OWNERS_KEY) if c.is_set(OWNERS_KEY) else "group") if owner else "none"
+    link = ctx.link_gbps or multinode.DEFAULT_LINK_GBPS
+    try:
+        plan = multinode.network_plan(shape, nodes=nodes, gpus_per_node=int(c.get("trainer.n_gpus_per_node")),
+                                      owners=owners, lora_rank=int(c.get(f"{MODEL}.lora_rank") or 0), link_gbps=link)
+    except ParamError as err:
+        return [Finding("error", OWNERS_KEY, f"the network planner rejects this config: {err}", "fix the named key")]
+    parts = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in plan.bytes_per_node.items() if v)
+    message = (f"{nodes} nodes: each node sends {plan.total_bytes / 1e9:.2f} GB per step over the network ({parts} GB; "
+               f"HostAdamW owners: {owners}), at least {plan.floor_s:.2f} s at {link:g} Gbit/s")
+    if not plan.warnings:
+        return [Finding("info", NNODES, message, "none needed")]
+    fix = (f"{OWNERS_KEY}=node (one HostAdamW owner per node, bit-identical)" if plan.bytes_per_node["owner_broadcast"]
+           else "a faster link between the nodes, fewer nodes, or LoRA (fewer gradients to all-reduce)")
+    return [Finding("warning", NNODES, f"{message}: " + "; ".join(plan.warnings), fix)]
 
 
 LOGITS_PATHS = {

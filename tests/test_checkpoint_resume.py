@@ -294,7 +294,7 @@ def _assert_resumes_exactly(ckpt: str, train: list[dict], resume: list[dict], wo
                 fingerprint["patches"]) in b[kind] and "RLKIT_ALLOW_CHECKPOINT_MISMATCH=1" in b[kind]
         assert "  - patch cast_once: active in the run that wrote the checkpoint, not in this run" in b["refused_patch"]
         assert "HostAdamW rank0_owner: True in the checkpoint, False in this run" in b["refused_owner"]
-        assert "override_optimizer_config={rank0_owner:true,impl:\"fused\",skip_nonfinite:true}" in b["refused_owner"]
+        assert "override_optimizer_config={rank0_owner:true,impl:\"fused\",skip_nonfinite:true,owners:\"group\"}" in b["refused_owner"]
         assert ("optimizer: rlkit.optim.host_adamw.HostAdamW wrote the checkpoint, this run builds "
                 "torch.optim.adamw.AdamW") in b["refused_adamw"]
     assert resume[0]["owner_state_dict"] == ""  # rank 0 is an owner either way

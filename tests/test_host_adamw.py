@@ -276,7 +276,8 @@ def test_pin_memory_true_without_cuda_is_a_clear_error():
 @pytest.mark.parametrize("kwargs, key", [({"impl": "cuda"}, "impl"), ({"lr": -1.0}, "lr"),
                                          ({"betas": (0.9, 1.5)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
                                          ({"rank0_owner": True}, "rank0_owner"), ({"host_threads": -1}, "host_threads"),
-                                         ({"host_threads": True}, "host_threads"), ({"host_threads": 2.0}, "host_threads")])
+                                         ({"host_threads": True}, "host_threads"), ({"host_threads": 2.0}, "host_threads"),
+                                         ({"owners": "rack"}, "owners"), ({"owners": "node"}, "owners")])
 def test_bad_arguments_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         HostAdamW(make_params(), **kwargs)
@@ -419,7 +420,7 @@ def test_state_dict_records_the_rank_role_and_torch_adamw_ignores_it():
     assert opt.options() == {"impl": "fused", "rank0_owner": False, "skip_nonfinite": True,
                              "check_identical_grads": False, "pin_memory": torch.cuda.is_available(),
                              "broadcast_device": "host", "host_threads": 1, "overlap_copies": False,
-                             "group_size": 1}
+                             "group_size": 1, "owners": "group", "nodes": None}
     ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
     ref.load_state_dict(saved)  # the extra entry is not torch's business
     assert torch.equal(ref.state[ref_params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])

@@ -19,6 +19,7 @@ from typing import Any
 from rlkit.budget import (DEVICE_COMPONENTS, GIB, LOGITS_BYTES, PHASES, RLKIT_OPTIONS, UPDATE_ENTROPY_BYTES, PlanSpec,
                           cost_per_million_samples, format_plan, plan, run_cost, with_options)
 from rlkit.model_shape import presets
+from rlkit.multinode import DEFAULT_LINK_GBPS, OWNERS, format_network_plan, network_plan_for
 from rlkit.params import ParamError
 
 NOTEBOOK = "00_phase_budget"
@@ -245,7 +246,12 @@ def _parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("derived planner")
     g.add_argument("--model", default=d.model, help=f"preset ({', '.join(sorted(presets()))}), HF id or config.json")
     g.add_argument("--gpu-gib", type=float, default=d.gpu_gib)
-    g.add_argument("--n-gpus", type=int, default=d.n_gpus)
+    g.add_argument("--n-gpus", type=int, default=d.n_gpus, help="data-parallel GPUs of all nodes together")
+    g.add_argument("--nodes", type=int, default=d.nodes,
+                   help="nodes the GPUs are spread over (verl trainer.nnodes): host memory per node, network per step")
+    g.add_argument("--owners", choices=OWNERS, default=None,
+                   help="HostAdamW owners for the network plan (default: node with --options rank0_owner, else none)")
+    g.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="each node's network link, Gbit/s")
     g.add_argument("--util", type=float, default=d.gpu_memory_utilization, help="vLLM gpu_memory_utilization")
     g.add_argument("--prompt-len", type=int, default=d.max_prompt_length)
     g.add_argument("--response-len", type=int, default=d.max_response_length)
@@ -279,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def spec_from_args(ns: argparse.Namespace) -> PlanSpec:
     spec = PlanSpec(
-        model=ns.model, gpu_gib=ns.gpu_gib, n_gpus=ns.n_gpus, gpu_memory_utilization=ns.util,
+        model=ns.model, gpu_gib=ns.gpu_gib, n_gpus=ns.n_gpus, nodes=ns.nodes, gpu_memory_utilization=ns.util,
         max_prompt_length=ns.prompt_len, max_response_length=ns.response_len, train_batch_size=ns.batch,
         group_size=ns.group, micro_batch_tokens=ns.micro_batch_tokens,
         log_prob_micro_batch_tokens=ns.log_prob_micro_batch_tokens or ns.micro_batch_tokens,
@@ -323,8 +329,13 @@ def main(argv: list[str] | None = None) -> int:
                     line += f"; ${out['cost_per_million_samples']:,.2f} per million rollout samples"
                 print(line)
         else:
-            result = plan(spec_from_args(ns))
-            print(json.dumps(result.as_dict(), indent=1) if ns.json else format_plan(result))
+            spec = spec_from_args(ns)
+            result = plan(spec)
+            network = network_plan_for(spec, owners=ns.owners, link_gbps=ns.link_gbps)
+            if ns.json:
+                print(json.dumps({**result.as_dict(), "network": network.as_dict()}, indent=1))
+            else:
+                print(format_plan(result) + ("\n" + format_network_plan(network) if spec.nodes > 1 else ""))
             return 0 if result.fits else 1
     except ParamError as err:
         print(f"rlkit budget: error: {err}", file=sys.stderr)

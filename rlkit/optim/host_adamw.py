@@ -35,6 +35,13 @@ harness measured the host broadcast of Qwen3-4B's 16 GB fp32 master at 4.9 s per
 (outputs/02_host_adamw/h200), more than the host step itself. Either way every rank receives the owner's
 bits.
 
+Per-node owners (``rank0_owner=True, owners="node"``): on several nodes one owner would send the whole fp32
+master over the network every step. After FSDP's all-reduce every node holds the same gradients, so the lowest
+rank of each node (its local rank 0) runs the same AdamW on the same inputs and gets the same bits; its broadcast
+stays inside the node. The ranks are grouped by :func:`node_id` (gathered once, at construction; every rank of the
+world must build its HostAdamW, as verl does, because each node's group is created on every rank). Owners hold
+identical Adam state; each rank's checkpoint file says whether it holds some (docs/multinode.md).
+
 Non-finite gradients: verl skips ``step()`` itself when the grad norm is not finite; with
 ``skip_nonfinite=True`` (default) HostAdamW also checks every gradient before touching anything and
 leaves params, master and state (step counter included) untouched if one is not finite.
@@ -76,6 +83,7 @@ from __future__ import annotations
 import inspect
 import os
 import socket
+import sys
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from copy import deepcopy
@@ -107,6 +115,8 @@ class HostAdamW(torch.optim.Optimizer):
         when CUDA is available (``None``).
     rank0_owner: rank 0 of ``process_group`` alone holds state and steps; the others receive the
         updated master. Needs ``torch.distributed`` initialised.
+    owners: with ``rank0_owner``: ``"group"`` (default) one owner, rank 0 of ``process_group``; ``"node"`` one
+        owner per node, the lowest rank of the group on that node, broadcasting only inside its node.
     process_group: the ranks that share identical gradients (default: the world).
     skip_nonfinite: check all gradients first and skip the whole step if one is not finite.
     check_identical_grads: debug assertion that every rank holds the same gradients (checksums).
@@ -140,8 +150,10 @@ class HostAdamW(torch.optim.Optimizer):
         host_threads: int | None = None,
         broadcast_device: str = "auto",
         overlap_copies: bool = False,
+        owners: str = "group",
     ) -> None:
         _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
+        _check_owners(owners, rank0_owner)
         if host_threads is not None and (isinstance(host_threads, bool) or not isinstance(host_threads, int)
                                          or host_threads < 0):
             raise ValueError(f"HostAdamW host_threads={host_threads!r}: expected None (automatic), 0 (keep "
@@ -155,9 +167,12 @@ class HostAdamW(torch.optim.Optimizer):
         self.check_identical_grads = check_identical_grads
         self.timer = timer
         self.rank0_owner = rank0_owner
+        self.owners = owners
         self.last_step_skipped = False
         self._masters: dict[torch.Tensor, torch.Tensor] = {}  # host fp32 masters of fp32 device params
         self._group, self._comm_group, self._owner = None, None, 0
+        # Where the owner's broadcast runs (the whole group, or this node's part of it with owners="node").
+        self._owner_group, self._owner_host_group, self._nodes = None, None, None
         self._is_owner = True
         if rank0_owner or check_identical_grads:
             self._setup_group(process_group, required=rank0_owner)
@@ -184,8 +199,12 @@ class HostAdamW(torch.optim.Optimizer):
         self._comm_group = group if "gloo" in backend else dist.new_group(
             ranks=dist.get_process_group_ranks(group), backend="gloo")
         self._owner = dist.get_global_rank(group, 0)
+        self._owner_group, self._owner_host_group = group, self._comm_group
+        if self.rank0_owner and self.owners == "node":
+            self._owner_group, self._owner_host_group, self._nodes = _node_groups(group, self._comm_group)
+            self._owner = min(dist.get_process_group_ranks(self._owner_group))
         if self.rank0_owner:
-            self._is_owner = dist.get_rank(group) == 0
+            self._is_owner = dist.get_rank() == self._owner
 
     def _resolve_broadcast_device(self, choice: str) -> torch.device | None:
         if not isinstance(choice, str) or not choice:
@@ -194,7 +213,7 @@ class HostAdamW(torch.optim.Optimizer):
         if choice == "host":
             return None
         if choice == "auto":
-            nccl = "nccl" in str(dist.get_backend(self._group))
+            nccl = "nccl" in str(dist.get_backend(self._owner_group))
             return torch.device("cuda", torch.cuda.current_device()) if nccl and torch.cuda.is_available() else None
         device = torch.device(choice)
         if device.type == "cuda" and device.index is None:
@@ -256,7 +275,7 @@ class HostAdamW(torch.optim.Optimizer):
             return
         if self.rank0_owner:
             with self._phase("broadcast"):
-                dist.broadcast(out, src=self._owner, group=self._comm_group)
+                dist.broadcast(out, src=self._owner, group=self._owner_host_group)
         with self._phase("param_h2d"):
             if not in_place:
                 p.copy_(out)
@@ -330,7 +349,7 @@ class HostAdamW(torch.optim.Optimizer):
                 if self._is_owner:
                     p.copy_(out)
             with self._phase("broadcast"):
-                dist.broadcast(p.data, src=self._owner, group=self._group)
+                dist.broadcast(p.data, src=self._owner, group=self._owner_group)
             return
         # A host-resident parameter (or one on another device): through the device buffer.
         with self._phase("broadcast"):
@@ -338,7 +357,7 @@ class HostAdamW(torch.optim.Optimizer):
             source = p.data if in_place else out
             if self._is_owner:
                 buffer.copy_(source)
-            dist.broadcast(buffer, src=self._owner, group=self._group)
+            dist.broadcast(buffer, src=self._owner, group=self._owner_group)
             if not self._is_owner:
                 (p.data if in_place else p).copy_(buffer)
         with self._phase("param_h2d"):
@@ -384,8 +403,8 @@ class HostAdamW(torch.optim.Optimizer):
     def _grads_finite(self, work) -> bool:
         flags = [torch.isfinite(p.grad).all() for _, p in work]
         finite = torch.stack(flags).all().to("cpu", torch.int32) if flags else torch.ones((), dtype=torch.int32)
-        if self.rank0_owner:  # the owner decides; every rank must take the same branch
-            dist.broadcast(finite, src=self._owner, group=self._comm_group)
+        if self.rank0_owner:  # the owner decides; every rank it broadcasts to must take the same branch
+            dist.broadcast(finite, src=self._owner, group=self._owner_host_group)
         return bool(finite.item())
 
     def _assert_identical_grads(self, work) -> None:
@@ -441,6 +460,8 @@ class HostAdamW(torch.optim.Optimizer):
             "host_threads": self.host_threads,
             "overlap_copies": self.overlap_copies,
             "group_size": dist.get_world_size(self._group) if self._group is not None else 1,
+            "owners": self.owners,
+            "nodes": self._nodes,  # nodes with an owner (owners="node"); None otherwise
         }
 
     # ------------------------------------------------------------------ checkpoints
@@ -525,6 +546,52 @@ def ranks_on_this_host() -> int:
         dist.all_gather_object(hosts, socket.gethostname())
         return hosts.count(socket.gethostname())
     return max(int(os.environ.get(name) or 1) for name in ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE"))
+
+
+NODE_ID_ENV = "RLKIT_NODE_ID"  # names this process's node where the hostname cannot (several raylets on one host)
+OWNERS = ("group", "node")
+
+
+def node_id() -> str:
+    """The node this process runs on: ``RLKIT_NODE_ID`` if set, else Ray's node id inside a Ray worker, else the
+    hostname. Ray's id first because a Ray node is what verl places ranks on (``trainer.nnodes``), and a node's
+    raylets are told apart by it even where two share a hostname; ray is not imported for this."""
+    if os.environ.get(NODE_ID_ENV):
+        return os.environ[NODE_ID_ENV]
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return f"ray:{ray.get_runtime_context().get_node_id()}"
+    return socket.gethostname()
+
+
+def _node_groups(group, host_group):
+    """(this node's part of ``group``, its gloo twin, the number of nodes), from every rank's :func:`node_id`.
+
+    ``dist.new_group`` is a collective over the whole world: every rank creates every node's group, in the same order
+    (nodes ordered by their lowest rank)."""
+    ranks = dist.get_process_group_ranks(group)
+    ids: list[str | None] = [None] * len(ranks)
+    dist.all_gather_object(ids, node_id(), group=host_group)
+    members: dict[str, list[int]] = {}
+    for rank, node in zip(ranks, ids):
+        members.setdefault(node, []).append(rank)
+    backend = str(dist.get_backend(group))
+    mine = None
+    for node_ranks in members.values():
+        device_group = dist.new_group(ranks=node_ranks, backend=backend)
+        gloo_group = device_group if "gloo" in backend else dist.new_group(ranks=node_ranks, backend="gloo")
+        if dist.get_rank() in node_ranks:
+            mine = (device_group, gloo_group)
+    return (*mine, len(members))
+
+
+def _check_owners(owners, rank0_owner) -> None:
+    if owners not in OWNERS:
+        raise ValueError(f"HostAdamW owners={owners!r} is not one of {list(OWNERS)}. Fix: 'group' (one owner, rank 0) "
+                         "or 'node' (one owner per node).")
+    if owners == "node" and not rank0_owner:
+        raise ValueError("HostAdamW owners='node' is a mode of the rank-0 owner. Fix: also pass rank0_owner=True, or "
+                         "leave owners='group'.")
 
 
 @contextmanager

@@ -46,7 +46,11 @@ ALLOW_ENV = "RLKIT_ALLOW_CHECKPOINT_MISMATCH"
 # rank's optimizer file holds or how the next steps compute, which ranks hold Adam state, the world size.
 # The other options (pin_memory, broadcast_device, host_threads, check_identical_grads, overlap_copies) are recorded
 # only: they change neither the state nor the numbers.
-HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite")
+HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite", "owners")
+# A checked option that older checkpoints did not record, at the only value it had then. (HostAdamW's node count with
+# owners="node" is recorded, not compared: a resume on another node count moves the owners, and the Adam-state ranks
+# or the world size name that.)
+HOST_ADAMW_DEFAULTS = {"owners": "group"}
 CHECKED = ("patches", "optimizer", *(f"HostAdamW {o}" for o in HOST_ADAMW_CHECKED), "adam_state_ranks", "world_size")
 _VERSIONED = ("torch", "verl", "transformers", "rlkit")
 
@@ -138,7 +142,8 @@ def mismatches(saved: dict | None, current: dict) -> list[str]:
             optimizer.append(f"optimizer: {was.get('class')} wrote the checkpoint, this run builds {now['class']}")
         elif str(now["class"]).endswith("HostAdamW"):
             for option in HOST_ADAMW_CHECKED:
-                a, b = (was.get("options") or {}).get(option), now["options"].get(option)
+                default = HOST_ADAMW_DEFAULTS.get(option)
+                a, b = (was.get("options") or {}).get(option, default), now["options"].get(option, default)
                 if a != b:
                     optimizer.append(f"HostAdamW {option}: {a!r} in the checkpoint, {b!r} in this run")
         same_world = saved.get("world_size") == current["world_size"]
