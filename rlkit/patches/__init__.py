@@ -42,6 +42,15 @@ KNOWN_PATCHES: dict[str, str] = {
 }
 
 
+# The plugin's other patches, never named in RLKIT_PATCHES: the checkpoint guard (every selection), master_on_host's
+# verl wiring (with master_on_host) and the rank-identity instrument (RLKIT_CHECK_RANK_IDENTITY).
+PLUGIN_PATCHES: dict[str, str] = {
+    "checkpoint_fingerprint": "rlkit.patches.checkpoint_fingerprint",
+    "master_on_host_verl": "rlkit.patches.master_on_host_verl",
+    "rank_identity": "rlkit.patches.rank_identity",
+}
+
+
 class PatchError(RuntimeError):
     """A patch cannot be applied here (wrong library version, missing target, unknown name)."""
 
@@ -317,6 +326,11 @@ def get(name: str) -> Patch:
         raise PatchError(f"unknown patch {name!r}; known patches: {', '.join(KNOWN_PATCHES)}")
     module = importlib.import_module(KNOWN_PATCHES[name])
     return module.PATCH
+
+
+def shipped() -> list[Patch]:
+    """Every patch rlkit ships, the selectable ones and the plugin's own (their modules are imported)."""
+    return [importlib.import_module(module).PATCH for module in (*KNOWN_PATCHES.values(), *PLUGIN_PATCHES.values())]
 
 
 def apply(names) -> list[str]:
