@@ -41,7 +41,7 @@ import sys
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attrs
+from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attrs, supported
 
 VERL_MODULE = "verl.utils.checkpoint.fsdp_checkpoint_manager"
 FILENAME = "rlkit_patches.json"
@@ -321,7 +321,7 @@ def _apply():
 PATCH = Patch(
     name="checkpoint_fingerprint",
     summary="verl FSDP checkpoints carry rlkit_patches.json; a resume from a differently patched run is refused",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=(VERL_MODULE,),
 )
