@@ -101,9 +101,9 @@ def _base_record(requested: list[str]) -> dict:
 def _selection(requested: list[str], environ) -> tuple[list, list, list, list]:
     """(requested patches, wiring patches, instrument patches, guards) as Patch objects; unknown names raise.
 
-    Nothing selected (``RLKIT_PATCHES`` unset or blank, no instrument asked for) gives nothing at all: rlkit installed beside verl replaces no
-    verl or torch attribute in a process that asked for nothing. With a selection the process also gets the checkpoint
-    guard (``checkpoint_fingerprint``: a patched run's checkpoints record its patches, and its resume compares them
+    Nothing selected (``RLKIT_PATCHES`` unset or blank, no instrument asked for) gives nothing at all: rlkit installed
+    beside verl replaces no verl or torch attribute in a process that asked for nothing. With a selection the process
+    also gets the checkpoint guard (``checkpoint_fingerprint``: a patched run's checkpoints record its patches, and its resume compares them
     before verl reads a tensor); it is left out (``guards`` empty in the record) where its versions do not fit. An
     unpatched run resuming a patched checkpoint is refused by the checkpoint itself, without a guard in that run
     (``checkpoint_fingerprint``: the optimizer files carry a trip-wire)."""
