@@ -15,7 +15,7 @@ TORCH_PIP_ARGS ?=
 EXTRAS  ?= verl,dev
 BIN      = $(VENV)/bin
 
-.PHONY: setup demo test lab gpu-test run clean-check browser-deps
+.PHONY: setup demo test lab gpu-test run clean-check browser-deps verl-compat
 
 setup: $(VENV)/.rlkit-installed
 
@@ -35,6 +35,11 @@ test: setup
 
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=nbs $(LAB_ARGS)
+
+# verl's own CPU tests from its PyPI sdist, three ways: stock, rlkit installed with nothing selected, every patch
+# selected; fails on a test that passes stock and not with rlkit (results: outputs/verl_compat/<tag>/).
+verl-compat: setup
+	$(BIN)/python -m rlkit.verl_compat $(ARGS)
 
 gpu-test: setup
 	$(BIN)/python -m pytest -m gpu -q

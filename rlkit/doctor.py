@@ -18,6 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rlkit.env import dist_version
+from rlkit.patches import SUPPORTED
 
 # vLLM release -> the torch it pins (vLLM requirements; packaging notes).
 VLLM_TORCH = [
@@ -26,8 +27,10 @@ VLLM_TORCH = [
     (SpecifierSet(">=0.27,<0.33"), "2.13.0"),
     (SpecifierSet(">=0.33,<0.34"), "2.14.0"),
 ]
-RLKIT_TORCH = SpecifierSet(">=2.11,<2.15")
-VERL_PIN = "0.9.1"
+# rlkit's supported range, the one its patches' version guards use (rlkit.patches.SUPPORTED, pyproject.toml).
+RLKIT_TORCH = SpecifierSet(SUPPORTED["torch"])
+RLKIT_TRANSFORMERS = SpecifierSet(SUPPORTED["transformers"])
+VERL_PIN = SUPPORTED["verl"].removeprefix("==")
 VLLM_PIN = "0.24.0"
 VERL_TRANSFORMERS = SpecifierSet(">=5.5.3,<5.11,!=5.6.0")
 VERL_PYTHON = SpecifierSet(">=3.10,<3.13")
@@ -47,12 +50,14 @@ def _public(version: str) -> Version:
 
 def check_stack(versions: dict[str, str | None], python: str, cuda: str | None, n_gpus: int) -> list[Check]:
     """Consistency checks over a {distribution: version or None} mapping (pure; unit-tested)."""
-    checks: list[Check] = []
+    checks: list[Check] = [Check("ok", "supported", ", ".join(f"{d} {spec}" for d, spec in SUPPORTED.items())
+                                 + " (every patch's version guard; pyproject.toml)")]
     torch_v = versions.get("torch")
     if torch_v is None:
         checks.append(Check("error", "torch", "not installed. Fix: pip install torch==2.13.0 (CPU) or use environment.yml (GPU)"))
     elif _public(torch_v) not in RLKIT_TORCH:
-        checks.append(Check("error", "torch", f"{torch_v} is outside rlkit's tested range {RLKIT_TORCH}"))
+        checks.append(Check("error", "torch", f"{torch_v} is outside rlkit's supported range {SUPPORTED['torch']}: "
+                            f"every patch refuses it. Fix: pip install 'torch{SUPPORTED['torch']}' (torch==2.13.0 on a CPU)"))
     else:
         checks.append(Check("ok", "torch", f"{torch_v} (CUDA {cuda or 'none'})"))
 
@@ -84,6 +89,10 @@ def check_stack(versions: dict[str, str | None], python: str, cuda: str | None, 
         if not versions.get("ray"):
             checks.append(Check("error", "ray", "not installed, but `import verl` imports ray. Fix: pip install 'rlkit[verl]'"))
     tf_v, tok_v = versions.get("transformers"), versions.get("tokenizers")
+    if tf_v and _public(tf_v) not in RLKIT_TRANSFORMERS:
+        checks.append(Check("error", "transformers", f"{tf_v} is outside rlkit's supported range "
+                            f"{SUPPORTED['transformers']}: the patches on transformers refuse it. "
+                            f"Fix: pip install 'transformers{SUPPORTED['transformers']}'"))
     if tf_v and tok_v and _public(tf_v) < Version("5.11") and _public(tok_v) > Version("0.23.0"):
         checks.append(Check("error", "tokenizers", f"{tok_v}: transformers {tf_v} refuses tokenizers > 0.23.0 at import. "
                             "Fix: pip install tokenizers==0.22.2"))

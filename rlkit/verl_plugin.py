@@ -18,10 +18,10 @@ in its targets) therefore prints a banner to stderr, writes an error record, and
 :class:`PluginLoadError`, a ``BaseException`` that neither verl's loader nor an ``except Exception``
 around an import catches. The recipe launcher (``rlkit.verl_job.check_plugin_records``) also reads the
 records after the run and rejects any error or mismatch, and a run in which no Ray worker applied
-everything. Besides the selection every process gets the checkpoint guard
-(``rlkit.patches.checkpoint_fingerprint``, recorded under ``guards``): verl's checkpoints record the patches that
-wrote them, and a resume by a differently patched run is refused. Nothing else lives here: importing this
-module activates the selection.
+everything. Besides a selection the process gets the checkpoint guard (``rlkit.patches.checkpoint_fingerprint``,
+recorded under ``guards``): verl's checkpoints record the patches that wrote them, and a resume by a differently
+patched run is refused. With nothing selected the plugin replaces nothing (installed means inert). Nothing else
+lives here: importing this module activates the selection.
 """
 from __future__ import annotations
 
@@ -101,24 +101,27 @@ def _base_record(requested: list[str]) -> dict:
 def _selection(requested: list[str], environ) -> tuple[list, list, list, list]:
     """(requested patches, wiring patches, instrument patches, guards) as Patch objects; unknown names raise.
 
-    The guard (``checkpoint_fingerprint``: verl's checkpoints record the patches, a resume by a differently
-    patched run is refused) changes no computation and is applied in every process, also an unpatched one,
-    which is the run most likely to resume a patched checkpoint wrongly. It is left out (``guards`` empty in the
-    record) where its versions do not fit, so that rlkit next to another verl keeps working as before with the
-    patches that fit there."""
+    Nothing selected (``RLKIT_PATCHES`` unset or blank, no instrument asked for) gives nothing at all: rlkit installed
+    beside verl replaces no verl or torch attribute in a process that asked for nothing. With a selection the process
+    also gets the checkpoint guard (``checkpoint_fingerprint``: a patched run's checkpoints record its patches, and its resume compares them
+    before verl reads a tensor); it is left out (``guards`` empty in the record) where its versions do not fit. An
+    unpatched run resuming a patched checkpoint is refused by the checkpoint itself, without a guard in that run
+    (``checkpoint_fingerprint``: the optimizer files carry a trip-wire)."""
     from rlkit import patches
 
+    instruments = []
+    if environ.get(RANK_CHECK_ENV, "").strip() in ("1", "true", "True"):
+        from rlkit.patches import rank_identity
+
+        instruments.append(rank_identity.PATCH)
+    if not requested and not instruments:
+        return [], [], [], []
     selected = [patches.get(name) for name in requested]
     wiring = []
     if "master_on_host" in requested:  # the FSDP-level patch alone would leave verl loading the masters
         from rlkit.patches import master_on_host_verl
 
         wiring.append(master_on_host_verl.PATCH)
-    instruments = []
-    if environ.get(RANK_CHECK_ENV, "").strip() in ("1", "true", "True"):
-        from rlkit.patches import rank_identity
-
-        instruments.append(rank_identity.PATCH)
     from rlkit.patches import checkpoint_fingerprint
 
     try:

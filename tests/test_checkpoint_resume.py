@@ -25,6 +25,7 @@ import json
 import os
 import tempfile
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -251,8 +252,13 @@ def _assert_resumes_exactly(ckpt: str, train: list[dict], resume: list[dict], wo
     assert fingerprint["optimizer"]["class"] == "rlkit.optim.host_adamw.HostAdamW"
     assert fingerprint["optimizer"]["options"]["rank0_owner"] is True
     assert fingerprint["adam_state_ranks"] == [0] and fingerprint["world_size"] == world
-    optim = [torch.load(os.path.join(ckpt, f"optim_world_size_{world}_rank_{r}.pt"), weights_only=False)
-             for r in range(world)]
+    # This process selects no patch, so each optimizer file refuses itself when read (the trip-wire an unpatched run
+    # meets, most of all on rank 1's file, which holds no Adam state); RLKIT_ALLOW_CHECKPOINT_MISMATCH lets it load.
+    paths = [os.path.join(ckpt, f"optim_world_size_{world}_rank_{r}.pt") for r in range(world)]
+    with pytest.raises(F.CheckpointMismatchError, match="patch cast_once: active in the run that wrote the checkpoint"):
+        torch.load(paths[-1], weights_only=False)
+    with mock.patch.dict(os.environ, {F.ALLOW_ENV: "1"}):
+        optim = [torch.load(path, weights_only=False) for path in paths]
     flat_params = len(train[0]["ref_snapshot"]["params"])
     assert len(optim[0]["state"]) == flat_params and optim[0]["host_adamw"] == {"rank0_owner": True, "is_owner": True}
     for rank_file in optim[1:]:

@@ -222,10 +222,8 @@ def test_a_version_mismatch_fails_before_anything_waits(modules):
 
 
 def test_every_shipped_patch_declares_its_targets():
-    from rlkit.patches import checkpoint_fingerprint, master_on_host_verl, rank_identity
-
-    shipped = [patches.get(name) for name in patches.KNOWN_PATCHES] + [
-        master_on_host_verl.PATCH, rank_identity.PATCH, checkpoint_fingerprint.PATCH]
+    shipped = patches.shipped()
+    assert [p.name for p in shipped] == [*patches.KNOWN_PATCHES, *patches.PLUGIN_PATCHES]
     for patch in shipped:
         assert patch.targets and all(isinstance(t, str) and t.count(".") >= 1 for t in patch.targets), patch.name
         if "verl" in patch.requires:  # verl-level patches wait for a verl module (or transformers', see varlen)

@@ -84,9 +84,9 @@ def test_import_verl_defers_verl_patches_until_the_engine_is_imported(tmp_path):
 
 
 @pytest.mark.verl
-def test_the_checkpoint_guard_applies_in_an_unpatched_process_too(tmp_path):
-    """With no selection the plugin still applies the checkpoint guard (it changes no computation): a stock run
-    resuming a patched checkpoint is the one that would otherwise load it without a word."""
+def test_nothing_selected_applies_nothing_not_even_the_checkpoint_guard(tmp_path):
+    """With no selection the plugin records and changes nothing, the checkpoint guard included (an unpatched run
+    resuming a patched checkpoint is refused by the checkpoint's own trip-wire: tests/test_checkpoint_guard.py)."""
     proc = _run(tmp_path, f"""
         import verl
         from rlkit import patches
@@ -99,8 +99,7 @@ def test_the_checkpoint_guard_applies_in_an_unpatched_process_too(tmp_path):
     out = _results(proc)
     record = out["record"]
     assert record["requested"] == [] and record["applied"] == [] and out["active"] == []
-    assert record["guards"] == ["checkpoint_fingerprint"] and record["state"] == {"checkpoint_fingerprint": "applied"}
-    assert out["load"] == "checkpoint_fingerprint"
+    assert record["guards"] == [] and record["state"] == {} and out["load"] is None
     check_plugin_records(tmp_path, [], require_worker=False)
 
 

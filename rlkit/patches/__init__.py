@@ -43,6 +43,26 @@ KNOWN_PATCHES: dict[str, str] = {
 }
 
 
+# The plugin's other patches, never named in RLKIT_PATCHES: the checkpoint guard (every selection), master_on_host's
+# verl wiring (with master_on_host) and the rank-identity instrument (RLKIT_CHECK_RANK_IDENTITY).
+PLUGIN_PATCHES: dict[str, str] = {
+    "checkpoint_fingerprint": "rlkit.patches.checkpoint_fingerprint",
+    "master_on_host_verl": "rlkit.patches.master_on_host_verl",
+    "rank_identity": "rlkit.patches.rank_identity",
+}
+
+
+# The versions rlkit supports, in one place: every patch's guard takes its range from here, and pyproject.toml's
+# dependencies and `rlkit doctor` state the same (tests/test_versions.py). The ends: torch 2.11 + transformers 5.17
+# (the GPU node), torch 2.13 + transformers 5.10 (CI); verl exactly the release the verl patches were written for.
+SUPPORTED: dict[str, str] = {"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18", "verl": "==0.9.1"}
+
+
+def supported(*dists: str) -> dict[str, str]:
+    """A patch's ``requires``: rlkit's supported range of each of ``dists``."""
+    return {dist: SUPPORTED[dist] for dist in dists}
+
+
 class PatchError(RuntimeError):
     """A patch cannot be applied here (wrong library version, missing target, unknown name)."""
 
@@ -104,19 +124,23 @@ class Patch:
         """Raise :class:`PatchError` unless every distribution in ``requires`` is installed in its range (the
         version importlib.metadata reports, as ``pip show`` does); the message names the patch, the range, the
         installed version and the fix."""
-        for dist, spec in self.requires.items():
-            have = installed_version(dist)
-            if have is None:
-                raise PatchError(f"patch {self.name!r} needs {dist} {spec}, which is not installed. "
-                                 f"Fix: {_install_hint(dist, spec)}")
-            # Compare the public version so local tags such as +cu130 or +cpu do not matter.
-            if Version(have.public) not in SpecifierSet(spec, prereleases=True):
-                raise PatchError(
-                    f"patch {self.name!r} was written for {dist} {spec} but {dist} {have} is installed; "
-                    f"re-check the patched code against this version before widening the range. "
-                    f"Fix: {_install_hint(dist, spec)}, or run without {self.name!r} (leave it out of the recipe's "
-                    f"patches / RLKIT_PATCHES)"
-                )
+        for dist in self.requires:
+            problem = self.version_problem(dist, installed_version(dist))
+            if problem is not None:
+                raise PatchError(problem)
+
+    def version_problem(self, dist: str, have: Version | None) -> str | None:
+        """Why ``dist`` at version ``have`` (None: not installed) does not fit this patch, or None when it does."""
+        spec = self.requires[dist]
+        if have is None:
+            return f"patch {self.name!r} needs {dist} {spec}, which is not installed. Fix: {_install_hint(dist, spec)}"
+        # Compare the public version so local tags such as +cu130 or +cpu do not matter.
+        if Version(have.public) in SpecifierSet(spec, prereleases=True):
+            return None
+        return (f"patch {self.name!r} was written for {dist} {spec} but {dist} {have} is installed; "
+                f"re-check the patched code against this version before widening the range. "
+                f"Fix: {_install_hint(dist, spec)}, or run without {self.name!r} (leave it out of the recipe's "
+                f"patches / RLKIT_PATCHES)")
 
     def apply(self) -> None:
         """Apply now (importing the targets). A deferral is cancelled first, so that the imports apply_fn makes
@@ -318,6 +342,11 @@ def get(name: str) -> Patch:
         raise PatchError(f"unknown patch {name!r}; known patches: {', '.join(KNOWN_PATCHES)}")
     module = importlib.import_module(KNOWN_PATCHES[name])
     return module.PATCH
+
+
+def shipped() -> list[Patch]:
+    """Every patch rlkit ships, the selectable ones and the plugin's own (their modules are imported)."""
+    return [importlib.import_module(module).PATCH for module in (*KNOWN_PATCHES.values(), *PLUGIN_PATCHES.values())]
 
 
 def apply(names) -> list[str]:

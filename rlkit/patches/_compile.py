@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import torch
 
-from rlkit.patches import PatchError
+from rlkit.patches import PatchError, supported
 
 QWEN3_MODULE = "transformers.models.qwen3.modeling_qwen3"  # what both patch
-REQUIRES = {"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"}  # the versions their guards were checked on
+REQUIRES = supported("torch", "transformers")  # the versions their guards were checked on
 
 
 def like_eager(fn: Callable, *, patch: str, field: str, bit_exact: bool = False) -> Callable:

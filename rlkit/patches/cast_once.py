@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import weakref
 
-from rlkit.patches import Patch, replace_attrs
+from rlkit.patches import Patch, replace_attrs, supported
 
 RESIDENT = "_rlkit_resident_bf16"  # handle attribute: True while _mp_shard holds a valid cast of the master
 SOURCE = "_rlkit_resident_source"  # handle attribute: (device, data_ptr) of the master the copy was cast from
@@ -162,7 +162,7 @@ def _apply():
 PATCH = Patch(
     name="cast_once",
     summary="FSDP1 NO_SHARD bf16 compute copy cast once per optimizer step, resident across micro-batches",
-    requires={"torch": ">=2.11,<2.15"},
+    requires=supported("torch"),
     apply_fn=_apply,
     targets=("torch.distributed.fsdp._flat_param", "torch.optim.optimizer"),
 )

@@ -14,29 +14,34 @@ drift apart silently.
 The patch wraps both methods of the manager:
 
 * ``save_checkpoint`` of a patched run first writes ``rlkit_patches.json`` into the checkpoint folder (rank 0; each
-  rank's part is gathered; an unpatched run's checkpoint stays exactly verl's): the rlkit patches selected in this process (:func:`rlkit.patches.active` and those waiting for their
-  targets), the optimizer's class and options (HostAdamW's :meth:`~rlkit.optim.HostAdamW.options`), which ranks
-  hold Adam state, the world size, the contents saved, the versions. Then verl's save runs unchanged. (Written
-  first, so a checkpoint verl finished always has one; verl's tracker file marks a checkpoint complete only after.)
+  rank's part is gathered; an unpatched run's checkpoint stays exactly verl's): the rlkit patches selected in this
+  process (:func:`rlkit.patches.active` and those waiting for their targets), the optimizer's class and options
+  (HostAdamW's :meth:`~rlkit.optim.HostAdamW.options`), which ranks hold Adam state, the world size, the contents
+  saved, the versions. Then verl's save runs unchanged, except that each rank's optimizer state dict is pickled as a
+  trip-wire (below). (Written first, so a checkpoint verl finished always has one; verl's tracker file marks a
+  checkpoint complete only after.)
 * ``load_checkpoint`` first compares that file with this run (:func:`mismatches`) and, on any difference in
   :data:`CHECKED`, raises :class:`CheckpointMismatchError` on every rank, naming each difference and the fix,
   before verl reads a tensor. A checkpoint without the file was written without this patch: accepted only when
   this run is unpatched too (no rlkit patch, not HostAdamW). ``RLKIT_ALLOW_CHECKPOINT_MISMATCH=1`` loads it
   anyway, with the differences printed.
 
-Versions are recorded, not compared (every patch checks its own version range when it applies). The plugin
-applies this patch in every verl process it enters, with or without a selection (``rlkit.verl_plugin``): an unpatched
-run only checks what it loads (a stock run resuming a patched checkpoint is refused), and it changes no
-computation.
+The plugin applies this patch only in a process that selects something (``rlkit.verl_plugin``): installed and
+unselected, rlkit wraps nothing. A run without it that resumes a patched checkpoint is refused by the checkpoint:
+pickle rebuilds the optimizer state dict through :func:`_opened` when verl's ``torch.load`` reads the file, and
+that names the checkpoint's patches and the fix. Without a process group (verl's manager works in one process)
+the guard runs as the only rank. Versions are recorded, not compared (every patch checks its own version range
+when it applies); the patch changes no computation.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attrs
+from rlkit.patches import KNOWN_PATCHES, Patch, import_target, installed_versions, replace_attrs, supported
 
 VERL_MODULE = "verl.utils.checkpoint.fsdp_checkpoint_manager"
 FILENAME = "rlkit_patches.json"
@@ -81,11 +86,27 @@ def optimizer_fingerprint(optimizer) -> dict[str, Any]:
     return {"class": f"{cls.__module__}.{cls.__qualname__}", "options": options, "holds_adam_state": holds}
 
 
-def _rank_parts(manager) -> list[dict[str, Any]]:
-    """Every rank's optimizer fingerprint, in rank order (a collective over the default group)."""
+def _grouped() -> bool:
+    """Whether a default process group exists. verl's manager also runs without one (one process: its own CPU tests
+    save and load that way), and so does the guard then, as the only rank."""
     import torch.distributed as dist
 
-    part = {"rank": dist.get_rank(), "optimizer": optimizer_fingerprint(manager.optimizer)}
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _grouped() else 0
+
+
+def _rank_parts(manager) -> list[dict[str, Any]]:
+    """Every rank's optimizer fingerprint, in rank order (a collective over the default group, if there is one)."""
+    import torch.distributed as dist
+
+    part = {"rank": _rank(), "optimizer": optimizer_fingerprint(manager.optimizer)}
+    if not _grouped():
+        return [part]
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, part)
     return parts
@@ -189,12 +210,10 @@ def write(manager, local_path: str, global_step: int | None = None) -> dict:
     """Gather every rank's part and write the fingerprint (rank 0); returns it on every rank. An unpatched run writes
     nothing (:func:`is_unpatched`, the same answer on every rank): its checkpoint stays exactly verl's, and a
     checkpoint without the file loads only into an unpatched run."""
-    import torch.distributed as dist
-
     fp = fingerprint(manager, global_step=global_step)
     if is_unpatched(fp):
         return fp
-    if dist.get_rank() == 0:
+    if _rank() == 0:
         os.makedirs(local_path, exist_ok=True)
         target = os.path.join(local_path, FILENAME)
         tmp = target + ".partial"
@@ -210,18 +229,72 @@ def check(manager, local_path: str) -> list[str]:
     import torch.distributed as dist
 
     current = fingerprint(manager)
-    box = [read(local_path) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    box = [read(local_path) if _rank() == 0 else None]
+    if _grouped():
+        dist.broadcast_object_list(box, src=0)
     saved = box[0]
-    found = mismatches(saved, current)
+    return _refuse_or_allow(local_path, saved, mismatches(saved, current))
+
+
+def _refuse_or_allow(path: str, saved: dict | None, found: list[str]) -> list[str]:
+    """Raise :class:`CheckpointMismatchError` naming ``found``, unless it is empty or ``RLKIT_ALLOW_CHECKPOINT_MISMATCH``
+    is set (then rank 0 prints it and the load goes on)."""
     if not found:
         return []
-    message = refusal(local_path, saved, found)
+    message = refusal(path, saved, found)
     if os.environ.get(ALLOW_ENV, "").strip() in ("1", "true", "True"):
-        if dist.get_rank() == 0:
+        if _rank() == 0:
             print(f"{message}\n{ALLOW_ENV} is set: loading it anyway.", file=sys.stderr, flush=True)
         return found
     raise CheckpointMismatchError(message)
+
+
+# ----------------------------------------------------------------------------------------------
+# the trip-wire: how a run without the guard refuses a patched checkpoint
+#
+# An unpatched process wraps nothing (installed means inert), so nothing of rlkit runs when its verl loads a
+# checkpoint. A patched run's save therefore puts the check into the checkpoint: each rank's optimizer file holds
+# its state dict as a _Tripwire, which pickle rebuilds through _opened, the moment verl's torch.load reads the file.
+
+
+class _Tripwire(dict):
+    """An optimizer state dict that unpickles through :func:`_opened` (a plain dict comes out)."""
+
+    def __init__(self, state: dict, saved: dict):
+        super().__init__(state)
+        self.saved = saved
+
+    def __reduce__(self):
+        return _opened, (self.saved, dict(self))
+
+
+def _opened(saved: dict, state: dict) -> dict:
+    """verl read a patched run's optimizer file: hand it the state dict where the guard is active (it compared
+    ``rlkit_patches.json`` with this run before verl opened a file); elsewhere this process has no patch selected,
+    which differs from the checkpoint's patches, so it is refused (or allowed, printed, with the override)."""
+    if PATCH.active():
+        return state
+    current = {"patches": selected_patches(), "optimizer": {"class": None, "options": {}},
+               "adam_state_ranks": saved.get("adam_state_ranks"), "world_size": saved.get("world_size"),
+               "contents": {"load": []}}  # only the patches are known here: the optimizer is not in sight
+    where = f"a checkpoint of global step {saved.get('global_step')}"
+    _refuse_or_allow(where, saved, mismatches(saved, current))
+    return state
+
+
+@contextmanager
+def _tripwired(optimizer, fp: dict):
+    """While verl saves, ``optimizer.state_dict()`` returns its state dict as a :class:`_Tripwire` (an attribute of
+    this instance, removed afterwards; the class is not touched)."""
+    own, shadowed = optimizer.state_dict, vars(optimizer).get("state_dict")
+    optimizer.state_dict = lambda: _Tripwire(own(), fp)
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            del optimizer.state_dict
+        else:
+            optimizer.state_dict = shadowed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,10 +307,11 @@ def _apply():
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                         max_ckpt_to_keep=None):
-        if local_path is not None:
-            write(self, local_path, global_step)
-        return original_save(self, local_path, hdfs_path=hdfs_path, global_step=global_step,
-                             max_ckpt_to_keep=max_ckpt_to_keep)
+        fp = write(self, local_path, global_step) if local_path is not None else None
+        wired = fp is not None and not is_unpatched(fp) and self.optimizer is not None
+        with _tripwired(self.optimizer, fp) if wired else nullcontext():
+            return original_save(self, local_path, hdfs_path=hdfs_path, global_step=global_step,
+                                 max_ckpt_to_keep=max_ckpt_to_keep)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load=False):
         if local_path is not None:
@@ -252,7 +326,7 @@ def _apply():
 PATCH = Patch(
     name="checkpoint_fingerprint",
     summary="verl FSDP checkpoints carry rlkit_patches.json; a resume from a differently patched run is refused",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=(VERL_MODULE,),
 )

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attrs
+from rlkit.patches import Patch, PatchError, import_target, replace_attrs, supported
 
 VERL_KERNEL_MODULE = "verl.utils.experimental.torch_functional"
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
@@ -223,7 +223,7 @@ def _apply():
 PATCH = Patch(
     name="chunked_logprobs",
     summary="verl: log-probs and entropy from hidden states in row chunks (recomputed in backward), no full logits",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     # The engine only: verl's forward functions import the kernel class at call time (the apply imports its
     # module), and the engine's apply_monkey_patch must be wrapped before the engine builds a model.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from rlkit.patches import Patch, PatchError, replace_attr
+from rlkit.patches import Patch, PatchError, replace_attr, supported
 from rlkit.patches.cast_once import eligible
 
 PLACEHOLDER = "_rlkit_device_placeholder"  # handle attribute: the freed device fp32 tensor while parked
@@ -54,7 +54,7 @@ def _apply():
 PATCH = Patch(
     name="master_on_host",
     summary="FSDP1 NO_SHARD fp32 master parked in (pinned) host memory during forward/backward",
-    requires={"torch": ">=2.11,<2.15"},
+    requires=supported("torch"),
     apply_fn=_apply,
     targets=("torch.distributed.fsdp._flat_param",),
 )

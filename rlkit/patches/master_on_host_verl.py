@@ -23,7 +23,7 @@ The optimizer must step host-resident parameters in place: ``actor.optim.optimiz
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, import_target, replace_attrs
+from rlkit.patches import Patch, import_target, replace_attrs, supported
 
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 ATTR = "_rlkit_host_masters"
@@ -88,7 +88,7 @@ def _apply():
 PATCH = Patch(
     name="master_on_host_verl",
     summary="verl FSDPEngine train mode: fp32 masters stay on the host (adopted from param offload), HostAdamW steps them",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=(VERL_ENGINE_MODULE,),
 )

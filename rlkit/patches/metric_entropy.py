@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attrs
+from rlkit.patches import Patch, PatchError, import_target, replace_attrs, supported
 
 VERL_WORKERS_MODULE = "verl.workers.engine_workers"
 VERL_FUNCTIONAL_MODULE = "verl.utils.torch_functional"
@@ -85,7 +85,7 @@ def _apply():
 PATCH = Patch(
     name="metric_entropy",
     summary="verl: a metric-only entropy (entropy_coeff 0) is detached from the loss and computed in row chunks",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=(VERL_WORKERS_MODULE, VERL_FUNCTIONAL_MODULE),
 )

@@ -14,7 +14,7 @@ bugged and fixed wrapping from it on a machine without verl); the patch routes v
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch, import_target, replace_attr
+from rlkit.patches import Patch, import_target, replace_attr, supported
 
 VERL_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 
@@ -60,7 +60,7 @@ def _apply():
 PATCH = Patch(
     name="no_shard",
     summary="verl fsdp_size=1: NO_SHARD over the replicate group instead of HYBRID_SHARD clamped to a 1-rank group",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=(VERL_ENGINE_MODULE,),
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-from rlkit.patches import Patch, replace_attr
+from rlkit.patches import Patch, replace_attr, supported
 
 
 def needs_view_refresh(handle) -> bool:
@@ -51,7 +51,7 @@ def _apply():
 PATCH = Patch(
     name="offload_views",
     summary="FSDP1 NO_SHARD + use_orig_params=False: re-point module views after flat_param_to so offload frees memory",
-    requires={"torch": ">=2.11,<2.15"},
+    requires=supported("torch"),
     apply_fn=_apply,
     targets=("torch.distributed.fsdp._flat_param",),
 )

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 
-from rlkit.patches import Patch, replace_attr
+from rlkit.patches import Patch, replace_attr, supported
 
 RECORD_PREFIX = "rank_identity-"
 CHUNK_NUMEL = 16 * 2**20
@@ -107,7 +107,7 @@ def _apply():
 PATCH = Patch(
     name="rank_identity",
     summary="after each verl optimizer step, record max |weights - rank 0's weights| over all ranks (read-only)",
-    requires={"verl": "==0.9.1", "torch": ">=2.11,<2.15"},
+    requires=supported("verl", "torch"),
     apply_fn=_apply,
     targets=("verl.workers.engine.fsdp.transformer_impl",),
 )

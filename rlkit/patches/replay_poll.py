@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from rlkit.patches import Patch, PatchError, import_target, replace_attr
+from rlkit.patches import Patch, PatchError, import_target, replace_attr, supported
 
 VERL_MODULE = "verl.trainer.ppo.v1.replay_buffer"
 ENV = "RLKIT_REPLAY_POLL_S"
@@ -56,7 +56,7 @@ def _apply():
 PATCH = Patch(
     name="replay_poll",
     summary="verl V1 replay buffer: poll for finished rollouts every RLKIT_REPLAY_POLL_S seconds instead of 2",
-    requires={"verl": "==0.9.1"},
+    requires=supported("verl"),
     apply_fn=_apply,
     targets=(VERL_MODULE,),
 )

@@ -8,7 +8,7 @@ Apply it in every verl process (driver and workers): the trainer runs in the dri
 """
 from __future__ import annotations
 
-from rlkit.patches import Patch
+from rlkit.patches import Patch, supported
 
 
 def _apply():
@@ -20,7 +20,7 @@ def _apply():
 PATCH = Patch(
     name="skip_old_logprob",
     summary="serve old_log_probs (PPO ratio, truncated IS weights) from the update forward when strictly on-policy",
-    requires={"torch": ">=2.11,<2.15", "verl": "==0.9.1"},
+    requires=supported("torch", "verl"),
     apply_fn=_apply,
     # verl's loss registry; the apply also imports the V1 trainer modules (the trainer registry). The actor
     # workers and the trainer both import core_algos before they look a loss or a trainer up.

@@ -54,7 +54,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rlkit.patches import Patch, PatchError
+from rlkit.patches import Patch, PatchError, supported
 
 NAME = "rlkit_varlen"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -243,7 +243,7 @@ PATCH = Patch(
     name="varlen_attention",
     summary=f"transformers: attention implementation {NAME!r} (torch varlen flash kernel, per-sequence SDPA on CPU) "
             f"for verl's remove-padding path without flash-attn",
-    requires={"torch": ">=2.11,<2.15", "transformers": ">=5.5.3,<5.18"},
+    requires=supported("torch", "transformers"),
     apply_fn=_apply,
     # Where AttentionInterface and AttentionMaskInterface live: imported before any model is built.
     targets=("transformers.modeling_utils", "transformers.masking_utils"),

@@ -1,0 +1,127 @@
+"""The checkpoint guard where verl's checkpoint manager works without a distributed run, and the trip-wire that lets
+an unpatched run (no guard: nothing of rlkit wraps verl there) refuse a patched checkpoint.
+
+verl's ``FSDPCheckpointManager`` saves and loads in one process: with a one-rank process group, and with none at
+all when ``get_rank`` / ``get_world_size`` / ``barrier`` answer for the single process, as verl's own CPU tests
+(``tests/checkpoint_engine/test_fsdp_lora_only_checkpoint_on_cpu.py``) set them. The guard must work in both; before
+it did not (``Default process group has not been initialized``: it gathered over the default group).
+Real verl manager, real tiny Qwen3, real torch AdamW; one process, CPU."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import gloo_world_of_one
+
+pytestmark = pytest.mark.verl
+
+
+@pytest.fixture(params=["no_process_group", "one_rank_group"])
+def single_process(request, monkeypatch):
+    """One process as verl's manager sees it: no process group (verl's CPU tests' stand-ins), or a gloo group of one."""
+    if request.param == "one_rank_group":
+        with gloo_world_of_one():
+            yield request.param
+        return
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 1)
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    assert not dist.is_initialized()
+    yield request.param
+
+
+@pytest.fixture
+def guard_and_patch():
+    """The guard and one real patch (offload_views: a run with a selection), restored to their states afterwards."""
+    from rlkit import patches
+    from rlkit.patches import checkpoint_fingerprint
+
+    pair = [checkpoint_fingerprint.PATCH, patches.get("offload_views")]
+    was = [p.active() for p in pair]
+    yield pair
+    for patch, active in zip(pair, was):
+        patch.apply() if active else patch.revert()
+
+
+def _trained():
+    from rlkit.models import build_random_model
+
+    model = build_random_model("tiny", seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.arange(8).view(1, 8)).logits.sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _manager(model, optimizer):
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    contents = ["model", "optimizer", "extra"]
+    return FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=None, processing_class=None,
+                                 checkpoint_config={"save_contents": contents, "load_contents": contents})
+
+
+def _moments(optimizer) -> list[torch.Tensor]:
+    return [s["exp_avg"] for s in optimizer.state.values()]
+
+
+def test_a_patched_save_and_resume_in_one_process_and_an_unpatched_resume_is_refused(
+        single_process, guard_and_patch, tmp_path, monkeypatch, capfd):
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from rlkit.patches.checkpoint_fingerprint import FILENAME, CheckpointMismatchError
+
+    stock_load = FSDPCheckpointManager.load_checkpoint
+    for p in guard_and_patch:
+        p.apply()
+    model, optimizer = _trained()
+    ckpt = str(tmp_path / "global_step_1" / "actor")
+    _manager(model, optimizer).save_checkpoint(ckpt, global_step=1)
+    fp = json.loads((tmp_path / "global_step_1" / "actor" / FILENAME).read_text())
+    assert fp["patches"] == ["offload_views"] and fp["world_size"] == 1 and fp["adam_state_ranks"] == [0]
+    assert "state_dict" not in vars(optimizer)  # the trip-wire's hook on the instance is gone after the save
+
+    # The same selection resumes (the guard compares first; the trip-wire hands verl the state dict).
+    fresh_model, fresh_opt = _trained()
+    torch.manual_seed(1)
+    for m in _moments(fresh_opt):
+        m.normal_()
+    _manager(fresh_model, fresh_opt).load_checkpoint(ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(_moments(fresh_opt), _moments(optimizer)))
+
+    # An unpatched run: nothing of rlkit wraps verl's manager; the optimizer file refuses itself.
+    for p in reversed(guard_and_patch):
+        p.revert()
+    assert FSDPCheckpointManager.load_checkpoint is stock_load and not hasattr(stock_load, "__rlkit_patch__")
+    with pytest.raises(CheckpointMismatchError) as refused:
+        _manager(*_trained()).load_checkpoint(ckpt)
+    message = str(refused.value)
+    assert "patch offload_views: active in the run that wrote the checkpoint, not in this run" in message
+    assert "Fix: resume with the settings that wrote it (RLKIT_PATCHES=offload_views" in message
+    assert "RLKIT_ALLOW_CHECKPOINT_MISMATCH=1" in message
+
+    # Allowed: verl loads the very state, and the differences are printed.
+    monkeypatch.setenv("RLKIT_ALLOW_CHECKPOINT_MISMATCH", "1")
+    allowed_model, allowed_opt = _trained()
+    _manager(allowed_model, allowed_opt).load_checkpoint(ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(_moments(allowed_opt), _moments(optimizer)))
+    assert "loading it anyway" in capfd.readouterr().err
+
+
+def test_an_unpatched_checkpoint_stays_verls_own(single_process, guard_and_patch, tmp_path):
+    """The guard in a run whose fingerprint says unpatched (here: the guard alone, torch's AdamW) writes no file and no
+    trip-wire: the optimizer file is the plain dict verl writes, loadable without rlkit."""
+    from rlkit.patches.checkpoint_fingerprint import FILENAME
+
+    guard, _ = guard_and_patch
+    guard.apply()
+    model, optimizer = _trained()
+    ckpt = str(tmp_path / "actor")
+    _manager(model, optimizer).save_checkpoint(ckpt, global_step=1)
+    assert not os.path.exists(os.path.join(ckpt, FILENAME))
+    saved = torch.load(os.path.join(ckpt, "optim_world_size_1_rank_0.pt"), weights_only=True)
+    assert type(saved) is dict and set(saved) == {"state", "param_groups"}
