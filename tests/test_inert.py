@@ -105,7 +105,8 @@ def test_import_verl_with_rlkit_installed_and_nothing_selected_replaces_nothing(
 def test_the_scan_sees_every_shipped_patch_and_its_revert():
     """The control: each shipped patch, applied alone after the same imports, shows up in the scan (so the inertness
     test fails if a patch is applied at import time), and its revert leaves nothing behind."""
-    out = _probe(PROBE_EACH_PATCH="1", RLKIT_REPLAY_POLL_S="0.2")  # replay_poll's apply reads its interval
+    # replay_poll's and selective_checkpoint's applies read their settings
+    out = _probe(PROBE_EACH_PATCH="1", RLKIT_REPLAY_POLL_S="0.2", RLKIT_SELECTIVE_LAYERS="1")
     from rlkit import patches
 
     assert set(out["each"]) == {*patches.KNOWN_PATCHES, *patches.PLUGIN_PATCHES}
