@@ -33,8 +33,9 @@ from rlkit.results import ResultsFolder, read_metrics
 
 CACHE = REPO_ROOT / ".verl-compat"
 EXPERIMENT = "verl_compat"
-# The replay poll a selected run gives replay_poll (the recipe's field; verl's own is 2 s).
-SELECTED_ENV = {"RLKIT_REPLAY_POLL_S": "0.2", "RLKIT_CHECK_RANK_IDENTITY": "1"}
+# What a selected run gives the patches that read a setting: replay_poll its poll (verl's own is 2 s), selective_checkpoint
+# its layer count (the recipe's fields).
+SELECTED_ENV = {"RLKIT_REPLAY_POLL_S": "0.2", "RLKIT_CHECK_RANK_IDENTITY": "1", "RLKIT_SELECTIVE_LAYERS": "1"}
 # verl's CI runs `pytest --asyncio-mode=auto`; a hung test (a Ray cluster that never comes up) fails after 15 min.
 PYTEST_INI = "[pytest]\nasyncio_mode = auto\ntimeout = 900\n"
 
