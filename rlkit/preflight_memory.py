@@ -199,18 +199,25 @@ def available_host_gib(meminfo: str | os.PathLike | None = None) -> float | None
     return None if available is None else available / 2**30
 
 
+def _model_shape(c: VerlConfig):
+    """(the config's model path, its planner shape or None where no preset or local config.json matches)."""
+    from rlkit import model_shape
+
+    model = c.get(f"{MODEL}.path")
+    try:
+        return model, model_shape.resolve_model(model) if model else None
+    except ParamError:
+        return model, None
+
+
 def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
     """HostAdamW's host state per node against the node's available memory (a host OOM kills a Ray worker
     with SIGKILL mid-update; a pin larger than the host fails at allocation, rlkit.optim.staging)."""
-    from rlkit import budget, model_shape
+    from rlkit import budget
 
     if "rlkit" not in str(c.get(OPTIMIZER_IMPL)):
         return []
-    model = c.get(f"{MODEL}.path")
-    try:
-        shape = model_shape.resolve_model(model) if model else None
-    except ParamError:
-        shape = None
+    model, shape = _model_shape(c)
     if shape is None:
         return [Finding("info", OPTIMIZER_IMPL, f"HostAdamW's host memory not checked: model {model!r} matches no "
                         "planner preset and no local config.json", "set actor_rollout_ref.model.path to a preset or "
@@ -251,16 +258,12 @@ def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
 
 def check_network(c: VerlConfig, ctx: Context) -> list[Finding]:
     """On more than one node: what crosses the network each step (rlkit.multinode), a warning where it binds."""
-    from rlkit import model_shape, multinode
+    from rlkit import multinode
 
     nodes = int(c.get(NNODES))
     if nodes <= 1:
         return []
-    model = c.get(f"{MODEL}.path")
-    try:
-        shape = model_shape.resolve_model(model) if model else None
-    except ParamError:
-        shape = None
+    model, shape = _model_shape(c)
     if shape is None:
         return [Finding("info", NNODES, f"network per step not planned: model {model!r} matches no planner preset and no "
                         "local config.json", "set actor_rollout_ref.model.path to a preset or a local model folder")]
