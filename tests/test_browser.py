@@ -73,7 +73,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one JupyterLab per explorer: a lab shared by the four stalled the second notebook at times
 def lab(tmp_path_factory):
     """A JupyterLab server on localhost over a scratch folder holding copies of the notebooks."""
     root = tmp_path_factory.mktemp("lab")
@@ -119,7 +119,7 @@ def _serve(cmd, root, env, log, port, token):
             proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser(monkeypatch_module):
     from selenium.webdriver.common import selenium_manager
 
