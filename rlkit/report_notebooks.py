@@ -22,11 +22,16 @@ def source(notebook: str, tag: str = "h200") -> str:
     return f"`outputs/{notebook}/{tag}/metrics.json`"
 
 
+DIRTY = " (dirty tree)"  # what a table says after the commit of a run whose env.json records local changes
+
+
 def run_commit(run_dir: Path) -> str:
     """The rlkit commit a run came from, as its env.json recorded it."""
     env = run_dir / "env.json"
     sha = (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
-    return re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)  # a full SHA (RLKIT_GIT_SHA on the node) as git shows it
+    sha = re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)  # a full SHA (RLKIT_GIT_SHA on the node) as git shows it
+    # a run from a tree with uncommitted changes is not that commit's: every table that shows it says so (issue 46)
+    return sha.removesuffix("-dirty") + DIRTY if sha.endswith("-dirty") else sha
 
 
 def offload_section(m: dict) -> list[str]:
