@@ -371,3 +371,16 @@ def test_every_table_row_of_a_dirty_tree_run_is_labelled():
     assert shown, f"no generated table shows a run of {sorted(dirty)}"
     unlabelled = [line for line in shown if report_notebooks.DIRTY not in line or "-dirty" in line]
     assert not unlabelled, f"rows of dirty-tree runs without {report_notebooks.DIRTY!r}: {unlabelled}"
+
+
+def test_the_skips_net_effect_on_the_step_is_beside_its_pass_saving():
+    """Issue 46: the skip saves its pass, and the update it serves may take longer; the step gets the difference."""
+    timing = {"old_log_prob_seconds": 3.0, "old_log_prob_skipped_seconds": 0.0, "update_seconds_skip": 14.0,
+              "update_seconds_no_skip": 12.0}
+    assert "from 15.00 s to 14.00 s: a saving of 1.00 s in the step, against the pass's 3.00 s" in \
+        report_notebooks.skip_net(timing)
+    slower = report_notebooks.skip_net({**timing, "update_seconds_skip": 16.5})
+    assert "from 15.00 s to 16.50 s: a loss of 1.50 s in the step" in slower
+    block = report.block("results")
+    t = report_notebooks.load_committed("04_skip_old_logprob")["timing"]
+    assert report_notebooks.skip_net(t) in block, "the committed skip's net effect is not beside its pass saving"
