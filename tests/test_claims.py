@@ -136,6 +136,31 @@ def _sweep_card(case: str) -> float:
     return cards.pop()
 
 
+def _seed_profile() -> dict:
+    return _yaml("nbs/params/05_grpo_qwen3_4b.h200-seed.yaml")
+
+
+def _session(folder: str) -> int:
+    """The device session a committed run's COMMAND.txt names (its first 'session N')."""
+    return int(re.search(r"session (\d+)", (REPO_ROOT / folder / "COMMAND.txt").read_text()).group(1))
+
+
+def _sweep_waiting(util: float) -> tuple[int, int, float]:
+    """At the lowest utilization of each sweep case: the most requests vLLM queued, a sequence's tokens (prompt +
+    response), and the lowest utilization the sweep ran."""
+    waiting, lengths, utils = [], set(), set()
+    for p in (REPO_ROOT / "outputs/06_util_sweep").glob("*-u*"):
+        if not (p / "metrics.json").exists():
+            continue
+        m = json.loads((p / "metrics.json").read_text())
+        utils.add(m["emulation"]["gpu_memory_utilization"])
+        if m["emulation"]["gpu_memory_utilization"] == util:
+            waiting += [int(w) for w in re.findall(r'"waiting_reqs": (\d+)', json.dumps(m))]
+            lengths.add(m["recipe"]["max_prompt_length"] + m["recipe"]["max_response_length"])
+    assert len(lengths) == 1 and waiting, (lengths, waiting)
+    return max(waiting), lengths.pop(), min(utils)
+
+
 def _learning() -> dict:
     return _json("outputs/07_does_it_learn/h200/metrics.json")
 
@@ -396,6 +421,43 @@ CLAIMS = [
     ("docs/reliability.md", "this was a constant 32-35 GiB per node more than the check counts",
      lambda: (_host_gap_range(),)),
     ("docs/reliability.md", "No committed GPU run lost a worker", lambda: _failed_runs_say("verl exited with timeout")),
+    # design facts: the configuration a sentence describes, read from the parameter file or the run's recipe
+    ("README.md", "The arc is measured at the seed's own workload (24,576-token micro-batches, responses up to 4,096 tokens",
+     lambda: (f"({_seed_profile()['ppo_max_token_len_per_gpu']:,}-token", f"up to {_seed_profile()['max_response_length']:,} tokens")
+     if _seed_profile()["use_remove_padding"] else False),
+    ("README.md", "the earlier arc at a 256-token stand-in shape on two GPUs",
+     lambda: (f"{_arm('1-fixes-hostadamw')['recipe']['max_response_length']}-token",
+              "two GPUs" if _arm("1-fixes-hostadamw")["recipe"]["n_gpus"] == 2 else "?")),
+    ("docs/results.md", "The seed trained with 24,576-token micro-batches",
+     lambda: (f"{_seed_profile()['ppo_max_token_len_per_gpu']:,}-token",)),
+    ("docs/results.md", "The chunked log-probs are what make 24,576 tokens per micro-batch fit",
+     lambda: (f"{_seed_profile()['ppo_max_token_len_per_gpu']:,} tokens",) if _seed_profile()["logits"] == "chunked" else False),
+    ("docs/results.md", "at 512 tokens the lowest value measured (0.4) already ran the whole batch without queueing a request",
+     lambda: (lambda w, tokens, low: (f"at {tokens} tokens", f"measured ({low:g})") if w == 0 else False)(*_sweep_waiting(0.4))),
+    ("docs/results.md", "at the seed's workload (unpadded, 24,576-token micro-batches) the fraction is several times higher",
+     lambda: min(r["update_actor_fraction"] for n, r in _limits().items() if n.startswith("h200-seed-") and r["tokens_real"] == r["tokens_computed"])
+     >= 3 * max(r["update_actor_fraction"] for n, r in _limits().items() if not n.startswith("h200-"))),
+    ("docs/results.md", "(`outputs/_node/vllm_standalone/h200-seed/`, session 12: the seed profile's shape at the synthetic length mean of 1400)",
+     lambda: (f"session {_session('outputs/_node/vllm_standalone/h200-seed')}:",
+              f"mean of {_json('outputs/_node/vllm_standalone/h200-seed/metrics.json')['shape']['response_length_mean']})")),
+    ("docs/results.md", "with remove-padding, chunked log-probs, 24,576 tokens per micro-batch and every lever",
+     lambda: (lambda r: (f"{r['ppo_max_token_len_per_gpu']:,} tokens",) if r["use_remove_padding"] and r["logits"] == "chunked"
+              and r["rmsnorm"] == r["pointwise"] == "compiled" and r["host_overlap_copies"] else False)(
+         _arm(_fastest("h200-1gpu")["variant"])["recipe"])),
+    ("docs/results.md", "`h200` is session 7's; the other four ran one after the other in one lease at one commit (session 11)",
+     lambda: (f"session {_session(f'{PROFILES}/h200')}'s", f"(session {_session(f'{PROFILES}/h200-base')})")
+     if _same_commit("h200-base", "h200-overlap", "h200-compiled", "h200-levers")
+     and len({_session(f"{PROFILES}/{p}") for p in ("h200-base", "h200-overlap", "h200-compiled", "h200-levers")}) == 1 else False),
+    ("docs/offline-node.md", "the `h200` profile's two replicas are measured as one: 128 of its 256 sequences",
+     lambda: (lambda r: (f"{r['train_batch_size'] * r['rollout_n'] // r['n_gpus']} of its {r['train_batch_size'] * r['rollout_n']} sequences",))(
+         _yaml("nbs/params/05_grpo_qwen3_4b.h200.yaml"))),
+    ("docs/offline-node.md", "4 packed micro-batches of <= 24,576 tokens",
+     lambda: (f"{_profile('h200-base')['config']['micro_batches']} packed micro-batches of <= "
+              f"{_profile('h200-base')['config']['max_tokens_per_micro_batch']:,} tokens",)),
+    ("docs/offline-node.md", "Session 11 lost a finished job that way ([its record](../outputs/_node/session11/README.md)), and "
+     "session 16 a running one after a poll that only waited",
+     lambda: "was lost" in (REPO_ROOT / "outputs/_node/session11/README.md").read_text()
+     and "one seed run lost" in (REPO_ROOT / "outputs/_node/session16/README.md").read_text()),
 ]
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
@@ -420,6 +482,7 @@ NOT_RESULTS = [
     ("docs/reliability.md", "HostAdamW holds 125.67 GiB of host memory per node", "the message's text, which tests/test_faults.py computes"),
     ("docs/reliability.md", "The failed runs that are committed show other faults", "names committed folders (tests/test_docs.py)"),
     ("docs/multinode.md", "2 (W - 1) / W x 4 B x trainable parameters", "a formula"),
+    ("docs/reliability.md", "`verl exited with 1 after N s having logged 1/3 steps", "a message's template (tests/test_faults.py)"),
     ("docs/multinode.md", "or a faster link are what shorten it", "advice, no measurement"),
 ]
 
@@ -430,6 +493,7 @@ BLOCK = re.compile(r"<!-- (\w+):begin .*?<!-- \1:end -->", re.S)  # any generate
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 MEASURED = re.compile(
     r"\d[\d,.]*\s?(?:-s\b|s\b|ms\b|GiB|GB\b|TB\b|GB/s|TB/s|%|x\b|tokens/s)|\b\d+(?:\.\d+)?x\b|\bx\s?\d|\b\d+ of \d+\b"
+    r"|\b\d[\d,]*[- ]tokens?\b|\bsession \d+|\b\d+ (?:steps|layers|sequences|tests)\b"
     r"|has not run|not run yet|not run on a GPU|is not committed|no run of [^.]* is committed|not measured|not checked"
     r"|\bpassed\b|\bfailed\b|\bnot met\b|\bmet\b|\bfaster\b|\bslower\b|\bfell\b")
 
