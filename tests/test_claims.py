@@ -58,6 +58,13 @@ def _log_passes(log: str, test: str) -> bool:
     return f"PASSED {test}" in text and f"FAILED {test}" not in text and f"{test}" in text
 
 
+def _says(status: str, holds):
+    """A status check: ``status`` (the words the sentence must use) where ``holds()`` is true of the cited file, else
+    what the file says instead, which no sentence of the claim's words contains. A sentence edited to another status
+    ("failed" for "passed", "measured" for "not measured") then disagrees with the file."""
+    return lambda: (status,) if holds() else (f"<the cited file does not bear out {status!r}>",)
+
+
 def _dirty(folder: str) -> bool:
     return (_json(f"{folder}/env.json").get("git_sha") or "").endswith("-dirty")
 
@@ -298,21 +305,21 @@ CLAIMS = [
      "run twice, 0.02) of arm 1's at 40 of 40 steps and inside that range at 22. The 0.02 floor is above the measured noise "
      "(0.0052), and every run's entropy had collapsed by step 18", _learning_words),
     ("README.md", "the fastest variant's levers (chunked log-probs, compiled RMSNorm and pointwise, overlapped copies) were "
-     "not part of it", lambda: bool(_learning_words())),
+     "not part of it", _says("were not part of it", lambda: bool(_learning_words()))),
     ("README.md", "A run resumed from a verl checkpoint with every patch active continues bit for bit, on the CPU with two "
-     "ranks and on the H200 with one", lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1),
+     "ranks and on the H200 with one", _says("continues bit for bit", lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1)),
 
     # docs/results.md
     ("docs/results.md", "Measured on one NVIDIA H200 (offline node, torch 2.11.0+cu130)",
-     lambda: {_json("outputs/04_skip_old_logprob/h200/metrics.json")["setup"]["torch"],
-              _json("outputs/04_skip_old_logprob/h200/metrics.json")["setup"]["gpu"]} == {"2.11.0+cu130", "NVIDIA H200"}),
+     _says('one NVIDIA H200 (offline node, torch 2.11.0+cu130)', lambda: {_json("outputs/04_skip_old_logprob/h200/metrics.json")["setup"]["torch"],
+              _json("outputs/04_skip_old_logprob/h200/metrics.json")["setup"]["gpu"]} == {"2.11.0+cu130", "NVIDIA H200"})),
     ("docs/results.md", "each process is capped at 48 GiB",
      lambda: (f"{_yaml('outputs/02_host_adamw/h200/params.yaml')['memory_cap_gib']:g} GiB",
               f"{_yaml('outputs/03_cast_once/h200/params.yaml')['memory_cap_gib']:g} GiB")),
     ("docs/results.md", "(`emulate_gpu_gib: 47.4`): every verl and vLLM process sees a 47.4 GiB card",
      lambda: (f"{_arm('1-fixes-hostadamw')['recipe']['emulate_gpu_gib']:g} GiB card",)),
     ("docs/results.md", "the sum of all processes on a GPU can pass 47.4 GiB (the table's device peak)",
-     lambda: max(_arm("1-fixes-hostadamw")["summary"]["gpu_peak_used_gib"]) > _arm("1-fixes-hostadamw")["recipe"]["emulate_gpu_gib"]),
+     _says('can pass 47.4 GiB', lambda: max(_arm("1-fixes-hostadamw")["summary"]["gpu_peak_used_gib"]) > _arm("1-fixes-hostadamw")["recipe"]["emulate_gpu_gib"])),
     ("docs/results.md", "(80 GiB for seed 003's small case, 47.4 GiB for Qwen3-4B)",
      lambda: (f"{_sweep_card('doc_small'):g} GiB for seed", f"{_sweep_card('qwen3_4b_48g'):g} GiB for Qwen3-4B")),
     ("docs/results.md", "(256-token responses, 8,192-token micro-batches; arm 0 at 512 and 16,384)",
@@ -358,18 +365,18 @@ CLAIMS = [
 
     # docs/patches.md
     ("docs/patches.md", "on a GPU only together with every other lever, its own effect not measured yet",
-     lambda: _no_run_varies("replay_poll_s", 2.0)),
+     _says("its own effect not measured yet", lambda: _no_run_varies("replay_poll_s", 2.0))),
     ("docs/patches.md", "timed in profiled updates on the H200, its GPU tests passed there",
-     lambda: _profile("h200-compiled")["config"]["rmsnorm"] == "compiled" and _profile("h200-compiled")["device"] == "NVIDIA H200"
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py")),
+     _says('its GPU tests passed there', lambda: _profile("h200-compiled")["config"]["rmsnorm"] == "compiled" and _profile("h200-compiled")["device"] == "NVIDIA H200"
+     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
     ("docs/patches.md", "on the H200 in bf16 its first call's check and its GPU tests passed",
-     lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and _profile("h200-compiled")["timing"]["timed"]
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py")),
+     _says("its first call's check and its GPU tests passed", lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and _profile("h200-compiled")["timing"]["timed"]
+     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
     ("docs/patches.md", "not measured on a GPU yet",
-     lambda: _never_on_a_gpu("selective_layers", 0) and _never_on_a_gpu("activation_checkpointing", "full")),
+     _says("not measured on a GPU yet", lambda: _never_on_a_gpu("selective_layers", 0) and _never_on_a_gpu("activation_checkpointing", "full"))),
     ("docs/patches.md", "(a GPU test, `tests/test_host_adamw.py`, passed on the H200 in device session 12",
-     lambda: _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log",
-                         "tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu")),
+     _says('passed on the H200 in device session 12', lambda: _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log",
+                         "tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu"))),
     ("docs/patches.md", "the serial step ran the copies (0.29 s down, 0.29 s up)",
      lambda: (f"({_copies('h200-base')['DtoH']['seconds']:.2f} s down", f"{_copies('h200-base')['HtoD']['seconds']:.2f} s up)")),
     ("docs/patches.md", "the optimizer step's idle time in the profiled update fell from 1.24 to 0.70 s",
@@ -384,7 +391,7 @@ CLAIMS = [
     ("docs/patches.md", "with overlapped copies, 0.70 s (`outputs/update_profile/h200-overlap/`)",
      lambda: (f"{_idle_in_optimizer('h200-overlap'):.2f} s",)),
     ("docs/patches.md", "ran on the H200 with one rank in device session 9 and passed",
-     lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1),
+     _says("and passed", lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1)),
     ("docs/patches.md", "The committed run (dirty tree): 317 tests, every one passing in all three modes, no regression",
      lambda: (lambda m: (f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else "")
               if m["ok"] and not any(m["regressions"].values()) and len({c["passed"] for c in m["counts"].values()}) == 1
@@ -393,7 +400,7 @@ CLAIMS = [
      lambda: (", ".join(f"{s:.0f}" for s in list(_verl_compat()["seconds"].values())[:2])
               + f" and {list(_verl_compat()['seconds'].values())[2]:.0f} s",)),
     ("docs/patches.md", "The kernels' measurements (from a dirty tree) are in `outputs/kernels/h200/`",
-     lambda: _dirty("outputs/kernels/h200")),
+     _says("(from a dirty tree)", lambda: _dirty("outputs/kernels/h200"))),
     ("docs/patches.md", "one fwd+bwd of a 24,576-token micro-batch of the seed's lengths took 11.96 ms with the repeat and 11.45 ms without",
      lambda: (lambda t: (f"{int(t[0]):,}-token", f"{t[1]} ms with the repeat and {t[2]} ms without"))(
          re.search(r"one fwd\+bwd of (\d+) tokens: repeat ([\d.]+) ms, native ([\d.]+) ms",
@@ -402,17 +409,17 @@ CLAIMS = [
     ("docs/patches.md", "in the profiled update elementwise kernels took 30% of the kernel time",
      lambda: (f"took {pct(_kind_share('h200-base', 'elementwise'))} of",)),
     ("docs/patches.md", "on a GPU they ran on the H200 in device session 12 and passed, 24 of 24",
-     lambda: _passed("outputs/_node/session12/gpu-tests-profile-compiled.log") == 24),
+     lambda: (f"and passed, {_passed('outputs/_node/session12/gpu-tests-profile-compiled.log')} of 24",)),
     ("docs/patches.md", "the first call's check passed, so the forward of that call was eager's bit for bit, and the GPU tests, "
      "which also compare the gradients, passed on the H200",
-     lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and bool(_profile("h200-compiled")["timing"]["timed"])
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py")),
+     _says("the first call's check passed", lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and bool(_profile("h200-compiled")["timing"]["timed"])
+     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
     ("docs/patches.md", "(Qwen3-4B: 34,816 elements, 1.6 GiB a layer at 24,576 tokens)",
      lambda: (f"{_selective_layer()[0]:,} elements", f"{_selective_layer()[1]:.1f} GiB a layer")),
     ("docs/patches.md", "one update profiled with all 36 layers selective",
      lambda: (f"all {__import__('rlkit.model_shape').model_shape.resolve_model('qwen3-4b').layers} layers",)),
     ("docs/patches.md", "Not checked yet: how the policy's dispatch mode combines with the compiled kernels",
-     lambda: _never_on_a_gpu("selective_layers", 0)),
+     _says("Not checked yet", lambda: _never_on_a_gpu("selective_layers", 0))),
 
     # docs/reliability.md
     ("docs/reliability.md", "the padded seed arm planned 1.5% and ran out of the card at step 3",
@@ -420,7 +427,7 @@ CLAIMS = [
          *_padded_plan(12288))),
     ("docs/reliability.md", "this was a constant 32-35 GiB per node more than the check counts",
      lambda: (_host_gap_range(),)),
-    ("docs/reliability.md", "No committed GPU run lost a worker", lambda: _failed_runs_say("verl exited with timeout")),
+    ("docs/reliability.md", "No committed GPU run lost a worker", _says("No committed GPU run lost a worker", lambda: _failed_runs_say("verl exited with timeout"))),
     # design facts: the configuration a sentence describes, read from the parameter file or the run's recipe
     ("README.md", "The arc is measured at the seed's own workload (24,576-token micro-batches, responses up to 4,096 tokens",
      lambda: (f"({_seed_profile()['ppo_max_token_len_per_gpu']:,}-token", f"up to {_seed_profile()['max_response_length']:,} tokens")
@@ -435,8 +442,8 @@ CLAIMS = [
     ("docs/results.md", "at 512 tokens the lowest value measured (0.4) already ran the whole batch without queueing a request",
      lambda: (lambda w, tokens, low: (f"at {tokens} tokens", f"measured ({low:g})") if w == 0 else False)(*_sweep_waiting(0.4))),
     ("docs/results.md", "at the seed's workload (unpadded, 24,576-token micro-batches) the fraction is several times higher",
-     lambda: min(r["update_actor_fraction"] for n, r in _limits().items() if n.startswith("h200-seed-") and r["tokens_real"] == r["tokens_computed"])
-     >= 3 * max(r["update_actor_fraction"] for n, r in _limits().items() if not n.startswith("h200-"))),
+     _says('several times higher', lambda: min(r["update_actor_fraction"] for n, r in _limits().items() if n.startswith("h200-seed-") and r["tokens_real"] == r["tokens_computed"])
+     >= 3 * max(r["update_actor_fraction"] for n, r in _limits().items() if not n.startswith("h200-")))),
     ("docs/results.md", "(`outputs/_node/vllm_standalone/h200-seed/`, session 12: the seed profile's shape at the synthetic length mean of 1400)",
      lambda: (f"session {_session('outputs/_node/vllm_standalone/h200-seed')}:",
               f"mean of {_json('outputs/_node/vllm_standalone/h200-seed/metrics.json')['shape']['response_length_mean']})")),
@@ -456,8 +463,8 @@ CLAIMS = [
               f"{_profile('h200-base')['config']['max_tokens_per_micro_batch']:,} tokens",)),
     ("docs/offline-node.md", "Session 11 lost a finished job that way ([its record](../outputs/_node/session11/README.md)), and "
      "session 16 a running one after a poll that only waited",
-     lambda: "was lost" in (REPO_ROOT / "outputs/_node/session11/README.md").read_text()
-     and "one seed run lost" in (REPO_ROOT / "outputs/_node/session16/README.md").read_text()),
+     _says('Session 11 lost a finished job', lambda: "was lost" in (REPO_ROOT / "outputs/_node/session11/README.md").read_text()
+     and "one seed run lost" in (REPO_ROOT / "outputs/_node/session16/README.md").read_text())),
 ]
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
