@@ -52,6 +52,12 @@ def _passed(log: str) -> int:
     return int(closing[-1])
 
 
+def _outcome(log: str) -> str:
+    """What a committed pytest log's closing line says: 'passed' (tests passed, none failed) or 'failed'."""
+    last = (REPO_ROOT / log).read_text(errors="replace").strip().splitlines()[-1]
+    return "failed" if re.search(r"\d+ (failed|error)", last) or not re.search(r"\d+ passed", last) else "passed"
+
+
 def _log_passes(log: str, test: str) -> bool:
     """A committed pytest log lists ``test`` (every parametrization of it) as PASSED and none of it as FAILED."""
     text = (REPO_ROOT / log).read_text(errors="replace")
@@ -391,7 +397,8 @@ CLAIMS = [
     ("docs/patches.md", "with overlapped copies, 0.70 s (`outputs/update_profile/h200-overlap/`)",
      lambda: (f"{_idle_in_optimizer('h200-overlap'):.2f} s",)),
     ("docs/patches.md", "ran on the H200 with one rank in device session 9 and passed",
-     _says("and passed", lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1)),
+     lambda: (f"with one rank in device session 9 and {_outcome('outputs/_node/session9/resume-test.console.log')}",)
+     if _passed("outputs/_node/session9/resume-test.console.log") == 1 else False),
     ("docs/patches.md", "The committed run (dirty tree): 317 tests, every one passing in all three modes, no regression",
      lambda: (lambda m: (f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else "")
               if m["ok"] and not any(m["regressions"].values()) and len({c["passed"] for c in m["counts"].values()}) == 1
@@ -409,7 +416,8 @@ CLAIMS = [
     ("docs/patches.md", "in the profiled update elementwise kernels took 30% of the kernel time",
      lambda: (f"took {pct(_kind_share('h200-base', 'elementwise'))} of",)),
     ("docs/patches.md", "on a GPU they ran on the H200 in device session 12 and passed, 24 of 24",
-     lambda: (f"and passed, {_passed('outputs/_node/session12/gpu-tests-profile-compiled.log')} of 24",)),
+     lambda: (f"and {_outcome('outputs/_node/session12/gpu-tests-profile-compiled.log')}, "
+              f"{_passed('outputs/_node/session12/gpu-tests-profile-compiled.log')} of 24",)),
     ("docs/patches.md", "the first call's check passed, so the forward of that call was eager's bit for bit, and the GPU tests, "
      "which also compare the gradients, passed on the H200",
      _says("the first call's check passed", lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and bool(_profile("h200-compiled")["timing"]["timed"])
