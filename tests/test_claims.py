@@ -82,6 +82,11 @@ def _node_setup() -> str:
     return f"one {gpus.pop()} (offline node, torch {torch})"
 
 
+def _tested(path: str, test: str) -> bool:
+    """The CPU test a sentence leans on is still in the suite (which runs it)."""
+    return f"def {test}(" in (REPO_ROOT / path).read_text()
+
+
 def _dirty(folder: str) -> bool:
     return (_json(f"{folder}/env.json").get("git_sha") or "").endswith("-dirty")
 
@@ -754,8 +759,79 @@ LAB_NOTES = [
                                          if "padded-tok12288` against `h200-seed-1-fixes-hostadamw`" in line) else False),
     (L, "the planner's forward pass has 10 bytes per logit element on the `torch_fp32` path the sweep assumes",
      lambda: (f"has {__import__('rlkit.budget', fromlist=['x']).LOGITS_BYTES['torch_fp32']['forward']} bytes",)),
+    (L, "still peak above 1-fixes-hostadamw, which computes no entropy in the update",
+     _says("still peak above", lambda: min(_arm(a)["summary"]["actor_max_allocated_gib"] for a in ("2-skip-old-logprob", "3-pinned"))
+           > _arm("1-fixes-hostadamw")["summary"]["actor_max_allocated_gib"])),
+    (L, "46.24 GiB without it, 39.87 GiB with it, as 1-fixes-hostadamw's 39.87 GiB",
+     lambda: tuple(f"{_arm(a)['summary']['actor_max_allocated_gib']:.2f} GiB{s}" for a, s in
+                   (("4-rank0-owner.session4", " without"), ("4-rank0-owner", " with"), ("1-fixes-hostadamw", "")))),
+    (L, "Every run learns by notebook 07's criteria, and arm 5 stays within the band around the two arm-1 runs at every step",
+     _says("at every step", lambda: _learning()["analysis"]["verdict"]["all_learned"]
+           and _learning()["analysis"]["verdict"]["compare_every_step_within_band"])),
+    (L, "none measured on a GPU then (sessions 11 and 12 below measured them)",
+     _says("sessions 11 and 12 below measured them", lambda: {_session(f"{PROFILES}/{p}") for p in ("h200-overlap", "h200-compiled")} == {11}
+           and _outcome("outputs/_node/session12/gpu-tests-profile-compiled.log") == "passed")),
+    (L, "bit-identical by construction; the GPU test exists",
+     _says("the GPU test exists", lambda: _tested("tests/test_host_adamw.py", "test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu"))),
+    (L, "not bit-exact, held to a stated tolerance; in fp32 through verl's engine it agrees to fp32 rounding",
+     _says("agrees to fp32 rounding", lambda: _tested("tests/test_compiled_patches.py", "test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order"))),
+    (L, "rotary and SwiGLU; bit-identical on the CPU)",
+     _says("bit-identical on the CPU", lambda: _tested("tests/test_compiled_patches.py", "test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager"))),
+    (L, "compiled RMSNorm within its tolerance; compiled rotary and SwiGLU bit for bit)",
+     _says("bit for bit", lambda: _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
+    _quote(L, "The bundle had to be cut into 36-MiB parts: with the 26-MiB tree, a 50-MiB part does not fit one 64-MiB call",
+           _session_readme(18)),
+    _quote(L, "The bundle had to be cut into 30-MiB parts: the tree is now 27.5 MiB, and a 36-MiB part with it was refused",
+           _session_readme(19)),
+    _quote(L, "the bundle rebuilt and carried in 36-MiB parts", _session_readme(12)),
+    _quote(L, "The bundle went over as 11 parts of 34 MiB: a call carries 64 MiB with the tree, and the tracked tree was 25 MiB", C5,
+           _session_readme(11)),
 ]
 CLAIMS += LAB_NOTES
+
+# sentences that state what a CPU test of the suite shows: the test is still there (and the suite runs it)
+CLAIMS += [
+    ("README.md", "bit-exact wherever the kernels are deterministic",
+     _says("bit-exact wherever the kernels are deterministic", lambda: all(
+         c["verdict"] == "bit-exact" for nb in ("01_offload_bug", "03_cast_once", "04_skip_old_logprob")
+         for c in _json(f"outputs/{nb}/h200-deterministic/metrics.json")["determinism"]["checks"] if c["patched_vs_unpatched"] is not None))),
+    ("README.md", "the AdamW step on the host through pinned buffers, bit-identical to `torch.optim.AdamW`",
+     _says("bit-identical to `torch.optim.AdamW`", lambda: _tested("tests/test_host_adamw.py", "test_bit_exact_vs_torch_adamw_with_scheduler"))),
+    ("docs/results.md", "vLLM's PyTorch allocator held more during a rollout (how much: the block's \"Rollout\" line)",
+     _says("held more during a rollout", lambda: "- Rollout: util does not cap vLLM's process" in _source_text(GENERATED))),
+    ("docs/patches.md", "(bit-exact against the unpatched update), including verl's nesting of a second `train_mode` context",
+     _says("bit-exact against the unpatched update", lambda: _tested("tests/test_master_on_host_verl.py",
+                                                                     "test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline"))),
+    ("docs/patches.md", "any thread count gives bit-identical parameters and state (`tests/test_host_adamw.py`)",
+     _says("bit-identical parameters and state", lambda: _tested("tests/test_host_adamw.py", "test_host_threads_do_not_change_the_step"))),
+    ("docs/patches.md", "Both are bit-exact against torch's AdamW on two gloo ranks (the device path's code runs there on CPU tensors), "
+     "and a two-GPU test checks the NCCL path",
+     _says("Both are bit-exact", lambda: _tested("tests/test_host_adamw.py", "test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore")
+           and _tested("tests/test_host_adamw.py", "test_rank0_owner_broadcasts_over_nccl_by_default_bit_exact"))),
+    ("docs/patches.md", "resumed in new processes from other weights, equals the uninterrupted run at steps 3 and 4 bit for bit",
+     _says("bit for bit", lambda: _tested("tests/test_checkpoint_resume.py",
+                                          "test_resume_through_verl_with_every_patch_is_bit_exact_and_other_patch_sets_are_refused"))),
+    ("docs/patches.md", "verl 0.9.1 itself caps transformers below 5.11 where it is installed",
+     lambda: tuple(f"below {m.group(1)}" for r in __import__("importlib.metadata", fromlist=["x"]).requires("verl")
+                   if (m := re.match(r"transformers[^;]*<([\d.]+)", r)) and ";" not in r)),
+    ("docs/patches.md", "It is not bit-exact: the squares of a row and the backward's reductions are summed in other orders",
+     _says("not bit-exact", lambda: _tested("tests/test_compiled_patches.py", "test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order"))),
+    ("docs/patches.md", "At apply it checks that transformers' forward still computes that expression, bit for bit on a probe, and refuses otherwise",
+     _says("refuses otherwise", lambda: _tested("tests/test_compiled_patches.py", "test_a_transformers_norm_that_computes_otherwise_is_refused"))),
+    ("docs/patches.md", "on a CPU with torch 2.13 the tiny Qwen3's logits and gradients are bit-identical to eager's",
+     _says("bit-identical to eager's", lambda: _tested("tests/test_compiled_patches.py", "test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager"))),
+    ("docs/patches.md", "so the loss and every gradient are bit-identical to full checkpointing (`tests/test_selective_checkpoint.py`",
+     _says("bit-identical to full checkpointing", lambda: _tested("tests/test_selective_checkpoint.py",
+                                                                   "test_loss_and_every_gradient_are_bit_identical_to_full_checkpointing"))),
+    ("docs/offline-node.md", "the Chrome trace, at most 16 MiB",
+     lambda: (f"at most {_profile('h200-base')['config']['trace_max_mib']:g} MiB",)),
+    ("docs/multinode.md", "four ranks on two Ray nodes with an owner per node end bit-identical to each other and to the same four ranks "
+     "on one node with one global owner",
+     _says("end bit-identical", lambda: _tested("tests/test_multinode_ray.py", "test_per_node_owners_on_two_ray_nodes_are_bit_identical_to_one_node"))),
+    ("docs/multinode.md", "Nothing below has run on a real multi-node cluster",
+     _says("Nothing below has run", lambda: not any(re.search(r"^nodes: *([2-9]|\d\d)", p.read_text(), re.MULTILINE)
+                                                    for p in (REPO_ROOT / "outputs").rglob("params.yaml")))),
+]
 
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
@@ -782,6 +858,10 @@ NOT_RESULTS = [
     ("docs/reliability.md", "HostAdamW holds 125.67 GiB of host memory per node", "the message's text, which tests/test_faults.py computes"),
     ("docs/reliability.md", "The failed runs that are committed show other faults", "names committed folders (tests/test_docs.py)"),
     ("docs/multinode.md", "2 (W - 1) / W x 4 B x trainable parameters", "a formula"),
+    ("docs/patches.md", "That multiply is the device's: one IEEE fp32 multiplication", "the argument of a design (the section says: not implemented)"),
+    ("docs/patches.md", "The CPU test this design needs", "a test to write, not one that ran"),
+    ("docs/reliability.md", "`Fix: lower actor_rollout_ref.rollout.gpu_memory_utilization to at most 0.63", "a message's text, which tests/test_faults.py asserts"),
+    ("docs/lab-notes.md", "about 2 min of bundle in 30-MiB parts, then about 25 min of jobs", "a plan for later leases"),
     ("docs/reliability.md", "`verl exited with 1 after N s having logged 1/3 steps", "a message's template (tests/test_faults.py)"),
     ("docs/multinode.md", "or a faster link are what shorten it", "advice, no measurement"),
 ]
@@ -792,10 +872,12 @@ DOCS = ("README.md", "docs/results.md", "docs/patches.md", "docs/offline-node.md
 BLOCK = re.compile(r"<!-- (\w+):begin .*?<!-- \1:end -->", re.DOTALL)  # any generated block (rlkit.report, rlkit.multinode)
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 MEASURED = re.compile(
-    r"\d[\d,.]*\s?(?:-s\b|s\b|ms\b|GiB|GB\b|TB\b|GB/s|TB/s|%|x\b|tokens/s)|\b\d+(?:\.\d+)?x\b|\bx\s?\d|\b\d+ of \d+\b"
+    r"\d[\d,.]*[\s-]?(?:-s\b|s\b|ms\b|GiB|MiB|GB\b|MB\b|TB\b|GB/s|TB/s|%|x\b|tokens/s)|\b\d+(?:\.\d+)?x\b|\bx\s?\d|\b\d+ of \d+\b"
     r"|\b\d[\d,]*[- ]tokens?\b|\bsession \d+|\b\d+ (?:steps|layers|sequences|tests)\b"
     r"|has not run|not run yet|not run on a GPU|is not committed|no run of [^.]* is committed|not measured|not checked"
-    r"|\bpassed\b|\bfailed\b|\bnot met\b|\bmet\b|\bfaster\b|\bslower\b|\bfell\b")
+    r"|\bpassed\b|\bfailed\b|\bnot met\b|\bmet\b|\bfaster\b|\bslower\b|\bfell\b|\bhigher\b|\blower\b|\bthe same as\b"
+    r"|\bbit for bit\b|\bbit-identical\b|\bbit-exact\b|\blearns\b|\babove (?=\S*\d)"
+    r"|(?<!table )(?<!block )(?<!tables )(?<!rows )(?<!section )(?<!folders )(?<!column )\bbelow\b(?!\))")
 
 
 def _units(doc: str) -> list[str]:
