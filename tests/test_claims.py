@@ -75,7 +75,8 @@ def _says(status: str, holds):
 def _node_setup() -> str:
     """The GPU and torch of the single-notebook h200 runs (01-04), as results.md's opening says them: one GPU model
     and one torch across the runs, the torch's full build tag from notebook 04's setup record."""
-    envs = [_json(f"outputs/{nb}/h200/env.json") for nb in ("01_offload_bug", "02_host_adamw", "03_cast_once", "04_skip_old_logprob")]
+    notebooks = ("01_offload_bug", "02_host_adamw", "03_cast_once", "04_skip_old_logprob")
+    envs = [_json(f"outputs/{nb}/h200/env.json") for nb in notebooks]
     gpus = {g["name"] for e in envs for g in e["gpus"]}
     torch = _json("outputs/04_skip_old_logprob/h200/metrics.json")["setup"]["torch"]
     assert len(gpus) == 1 and all(torch.startswith(e["versions"]["torch"]) for e in envs), (gpus, torch)
@@ -85,6 +86,12 @@ def _node_setup() -> str:
 def _tested(path: str, test: str) -> bool:
     """The CPU test a sentence leans on is still in the suite (which runs it)."""
     return f"def {test}(" in (REPO_ROOT / path).read_text()
+
+
+def _by_test(status: str, test: str):
+    """A status that a CPU test of the suite shows (``path::name``): the test is still in the suite."""
+    path, name = test.split("::")
+    return _says(status, lambda: _tested(path, name))
 
 
 def _dirty(folder: str) -> bool:
@@ -165,6 +172,15 @@ def _sweep_card(case: str) -> float:
     return cards.pop()
 
 
+def _update_mfu(seed: bool) -> float:
+    """The lowest update_actor MFU of the unpadded seed-workload runs, or the highest of the h200 profile's runs."""
+    limits = _limits()
+    if seed:
+        return min(r["update_actor_fraction"] for n, r in limits.items()
+                   if n.startswith("h200-seed-") and r["tokens_real"] == r["tokens_computed"])
+    return max(r["update_actor_fraction"] for n, r in limits.items() if not n.startswith("h200-"))
+
+
 def _seed_profile() -> dict:
     return _yaml("nbs/params/05_grpo_qwen3_4b.h200-seed.yaml")
 
@@ -240,7 +256,8 @@ def _seed_levers_arithmetic() -> tuple[str, ...]:
     update, mfu, target = row["update_actor_s"], row["update_actor_fraction"], report_limits.UPDATE_MFU_TARGET
     return (f"{-report_limits.STEP_CHANGE_TARGET:.0%} off that step would take "
             f"{-report_limits.STEP_CHANGE_TARGET * step:.1f} s out of the other {step - gen:.1f} s",
-            f"at {target:.0%} MFU instead of its {pct(mfu)} would save about {update * (1 - mfu / target):.1f} of its {update:.1f} s")
+            f"at {target:.0%} MFU instead of its {pct(mfu)} would save about {update * (1 - mfu / target):.1f} "
+            f"of its {update:.1f} s")
 
 
 def _step1_pair_words() -> tuple[str, ...]:
@@ -255,7 +272,8 @@ def _step1_pair_words() -> tuple[str, ...]:
     g = {n: f["actor/grad_norm"] for n, f in first.items()}
     return (f"same {fast['perf/total_num_tokens']:,.0f} tokens", f"{g[pair['variant']]:.4f} and {g[pair['base']]:.4f}",
             f"({abs(g[pair['variant']] / g[pair['base']] - 1):.2%} apart)",
-            f"`5-master-on-host-cast-once` {g['5-master-on-host-cast-once']:.4f}", f"`.session4` {g['5-master-on-host-cast-once.session4']:.4f}")
+            f"`5-master-on-host-cast-once` {g['5-master-on-host-cast-once']:.4f}",
+            f"`.session4` {g['5-master-on-host-cast-once.session4']:.4f}")
 
 
 def _learning() -> dict:
@@ -268,6 +286,21 @@ def _learning_arm5_recipe() -> dict:
 
 
 PADDED = "h200-seed-1-fixes-hostadamw-padded-tok12288"
+LEVERS12 = "h200-seed-5-master-on-host-cast-once-levers.session12"
+ARM5 = "5-master-on-host-cast-once"
+ENTROPY_BACKPROP = ("2-skip-old-logprob-entropy-backprop", "3-pinned-entropy-backprop")
+GPU12 = "outputs/_node/session12/gpu-tests-profile-compiled.log"
+RESUME9 = "outputs/_node/session9/resume-test.console.log"
+GQA12 = "outputs/_node/session12/gqa-test.console.log"
+SESSION11_PROFILES = ("h200-base", "h200-overlap", "h200-compiled", "h200-levers")
+
+
+def _compiled_profile(field: str) -> bool:
+    """The compiled kernels' profile ran on the H200 with ``field`` compiled (its first call's check passed, or the
+    profile would have stopped there) and their GPU tests passed in session 12."""
+    m = _profile("h200-compiled")
+    return (m["config"][field] == "compiled" and m["device"] == "NVIDIA H200" and bool(m["timing"]["timed"])
+            and _log_passes(GPU12, "tests/test_compiled_patches.py"))
 
 
 def _padded_plan(tokens: int):
@@ -345,6 +378,16 @@ def _verl_compat() -> dict:
     return _json("outputs/verl_compat/cpu/metrics.json")
 
 
+def _verl_compat_words() -> tuple[str, ...]:
+    """verl's own CPU tests with rlkit: how many passed in every mode (none failed, no regression), and the tree."""
+    m = _verl_compat()
+    same = len({c["passed"] for c in m["counts"].values()}) == 1
+    clean = m["ok"] and not any(m["regressions"].values()) and not any(c["failed"] + c["error"] for c in m["counts"].values())
+    if not (same and clean):
+        return ("<not every test passed in every mode>",)
+    return f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else "<a clean tree>"
+
+
 def _no_run_varies(field: str, off) -> bool:
     """No committed notebook 05 run or update profile sets ``field`` away from ``off`` alone: where it is on, so are
     the other levers (chunked log-probs and the compiled RMSNorm), so its own effect is not measured."""
@@ -389,7 +432,8 @@ CLAIMS = [
               f"{report_profile.MFU_TARGET:.0%} target")),
     ("README.md", "The rollout inside verl generates at 92-98% of a standalone vLLM's tokens per second at the seed's shape",
      lambda: (_range(_seed_gen_fractions()),)),
-    ("README.md", "every lever steps in 13.3 s against arm 5's 30.8 s at the same commit (-57%; update_actor at 27% of the peak there)",
+    ("README.md", "every lever steps in 13.3 s against arm 5's 30.8 s at the same commit (-57%; update_actor at 27% of the peak "
+                  "there)",
      lambda: (lambda p: (f"{p['step_s']:.1f} s against", f"{p['base_step_s']:.1f} s at the same commit",
                          f"({p['step_s'] / p['base_step_s'] - 1:+.0%}", f"at {pct(p['limits']['update_actor_fraction'])} of"))(
                              _fastest("h200-1gpu"))),
@@ -400,7 +444,7 @@ CLAIMS = [
     ("README.md", "the fastest variant's levers (chunked log-probs, compiled RMSNorm and pointwise, overlapped copies) were "
      "not part of it", _says("were not part of it", lambda: bool(_learning_words()))),
     ("README.md", "A run resumed from a verl checkpoint with every patch active continues bit for bit, on the CPU with two "
-     "ranks and on the H200 with one", _says("continues bit for bit", lambda: _passed("outputs/_node/session9/resume-test.console.log") == 1)),
+     "ranks and on the H200 with one", _says("continues bit for bit", lambda: _passed(RESUME9) == 1)),
 
     # docs/results.md
     ("docs/results.md", "Measured on one NVIDIA H200 (offline node, torch 2.11.0+cu130)", lambda: (_node_setup(),)),
@@ -410,26 +454,31 @@ CLAIMS = [
     ("docs/results.md", "(`emulate_gpu_gib: 47.4`): every verl and vLLM process sees a 47.4 GiB card",
      lambda: (f"{_arm('1-fixes-hostadamw')['recipe']['emulate_gpu_gib']:g} GiB card",)),
     ("docs/results.md", "the sum of all processes on a GPU can pass 47.4 GiB (the table's device peak)",
-     _says('can pass 47.4 GiB', lambda: max(_arm("1-fixes-hostadamw")["summary"]["gpu_peak_used_gib"]) > _arm("1-fixes-hostadamw")["recipe"]["emulate_gpu_gib"])),
+     _says("can pass 47.4 GiB", lambda: max(_arm("1-fixes-hostadamw")["summary"]["gpu_peak_used_gib"])
+           > _arm("1-fixes-hostadamw")["recipe"]["emulate_gpu_gib"])),
     ("docs/results.md", "(80 GiB for seed 003's small case, 47.4 GiB for Qwen3-4B)",
      lambda: (f"{_sweep_card('doc_small'):g} GiB for seed", f"{_sweep_card('qwen3_4b_48g'):g} GiB for Qwen3-4B")),
     ("docs/results.md", "(256-token responses, 8,192-token micro-batches; arm 0 at 512 and 16,384)",
      lambda: (f"{_arm('1-fixes-hostadamw')['recipe']['max_response_length']}-token responses",
               f"{_arm('1-fixes-hostadamw')['recipe']['ppo_max_token_len_per_gpu']:,}-token",
-              f"arm 0 at {_arm('0-stock')['recipe']['max_response_length']} and {_arm('0-stock')['recipe']['ppo_max_token_len_per_gpu']:,}")),
+              f"arm 0 at {_arm('0-stock')['recipe']['max_response_length']} and "
+              f"{_arm('0-stock')['recipe']['ppo_max_token_len_per_gpu']:,}")),
     ("docs/results.md", "The planner puts arm 1 padded at 24,576 tokens per micro-batch at 56.6 GiB in update_fwd_bwd",
      lambda: (lambda plan: (f"{plan.peak_gib:.1f} GiB in {plan.peak_phase}",))(_padded_plan(24576)[1])),
     ("docs/results.md", "the padded comparison ran at 12,288, the largest it fits (planned 46.71 of 47.40 GiB)",
      lambda: (lambda card, plan, over: (f"ran at {_arm(PADDED)['recipe']['ppo_max_token_len_per_gpu']:,}",
-                                         f"planned {plan.peak_gib:.2f} of {card:.2f} GiB") if plan.fits and not over.fits else ())(
+                                         f"planned {plan.peak_gib:.2f} of {card:.2f} GiB")
+                                        if plan.fits and not over.fits else ())(
          *_padded_plan(12288), _padded_plan(12288 + 1024)[1])),
-    ("docs/results.md", "Its actor's allocation peaked at 46.76 GiB in steps 1 and 2 and ran out of the card in update_actor at step 3",
+    ("docs/results.md", "Its actor's allocation peaked at 46.76 GiB in steps 1 and 2 and ran out of the card in update_actor at "
+                        "step 3",
      lambda: (*{f"peaked at {s['actor/perf/max_memory_allocated_gb']:.2f} GiB" for s in _arm(PADDED)["steps"]},
               f"in steps {' and '.join(str(s['step']) for s in _arm(PADDED)['steps'])}",
               f"in {_padded_failure()[1]} at step {_padded_failure()[2]}" if _padded_failure()[0] == "torch_oom" else "?")),
     ("docs/results.md", "Pre-flight now warns when a padded plan has under 5% of the card to spare",
      lambda: (f"under {preflight_memory.PADDED_HEADROOM_FRACTION:.0%} of",)),
-    ("docs/results.md", "the unpadded arm's update_actor processed 3.35x the padded arm's tokens per second, at twice the micro-batch",
+    ("docs/results.md", "the unpadded arm's update_actor processed 3.35x the padded arm's tokens per second, at twice the "
+                        "micro-batch",
      lambda: (f"{_same_sample_ratio(PADDED, 'h200-seed-1-fixes-hostadamw.session10-lr0'):.2f}x",
               "twice" if _arm("h200-seed-1-fixes-hostadamw.session10-lr0")["recipe"]["ppo_max_token_len_per_gpu"]
               == 2 * _arm(PADDED)["recipe"]["ppo_max_token_len_per_gpu"] else "(not twice)")),
@@ -437,11 +486,12 @@ CLAIMS = [
      lambda: (_range(_seed_gen_fractions()),)),
     ("docs/results.md", "the padded run polls verl's replay buffer every 2 s (92%) and the levers run every 0.2 s (98%)",
      lambda: (f"every {_arm(PADDED)['recipe']['replay_poll_s']:g} s ({pct(_limits()[PADDED]['gen_fraction'])})",
-              f"every {_arm('h200-seed-5-master-on-host-cast-once-levers.session12')['recipe']['replay_poll_s']:g} s "
-              f"({pct(_limits()['h200-seed-5-master-on-host-cast-once-levers.session12']['gen_fraction'])})")),
-    ("docs/results.md", "their rollouts sampled the same mean length (1,332 over steps 2..), and up to 2 s of the padded run's 38.2-s rollout (5%)",
+              f"every {_arm(LEVERS12)['recipe']['replay_poll_s']:g} s "
+              f"({pct(_limits()[LEVERS12]['gen_fraction'])})")),
+    ("docs/results.md", "their rollouts sampled the same mean length (1,332 over steps 2..), and up to 2 s of the padded run's "
+                        "38.2-s rollout (5%)",
      lambda: (f"({_arm(PADDED)['summary']['response_length_mean']:,.0f} over",
-              f"{_arm('h200-seed-5-master-on-host-cast-once-levers.session12')['summary']['response_length_mean']:,.0f} over",
+              f"{_arm(LEVERS12)['summary']['response_length_mean']:,.0f} over",
               f"{_arm(PADDED)['summary']['gen_s']:.1f}-s rollout",
               f"({_arm(PADDED)['recipe']['replay_poll_s'] / _arm(PADDED)['summary']['gen_s']:.0%})")),
     ("docs/results.md", "session 16: 256 sequences of exactly 256 tokens, 65,536 output tokens in 4.16 s, 15,763 tokens/s), "
@@ -450,7 +500,8 @@ CLAIMS = [
                          f"{m['output_tokens']:,} output tokens in {m['wall_s']:.2f} s", f"{m['output_tok_s']:,.0f} tokens/s",
                          "the two h200-1gpu runs" if sum(1 for n in _limits() if n.startswith("h200-1gpu-")) == 2 else "?"))(
          _json("outputs/_node/vllm_standalone/h200-1gpu/metrics.json"))),
-    ("docs/results.md", "each of its 256 decode steps reads the 4.02 B bf16 weights (8.0 GB) and the batch's KV cache (147,456 bytes a token over a mean context of 81 prompt tokens plus the step's; "
+    ("docs/results.md", "each of its 256 decode steps reads the 4.02 B bf16 weights (8.0 GB) and the batch's KV cache (147,456 "
+                        "bytes a token over a mean context of 81 prompt tokens plus the step's; "
      "2.0 TB over the 256 steps), 4.1 TB in all, 0.85 s at the H200's 4.8 TB/s (data sheet): the standalone vLLM runs at "
      "about 20% of that bound", _bandwidth_words),
 
@@ -458,15 +509,14 @@ CLAIMS = [
     ("docs/patches.md", "on a GPU only together with every other lever, its own effect not measured yet",
      _says("its own effect not measured yet", lambda: _no_run_varies("replay_poll_s", 2.0))),
     ("docs/patches.md", "timed in profiled updates on the H200, its GPU tests passed there",
-     _says('its GPU tests passed there', lambda: _profile("h200-compiled")["config"]["rmsnorm"] == "compiled" and _profile("h200-compiled")["device"] == "NVIDIA H200"
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
+     _says("its GPU tests passed there", lambda: _compiled_profile("rmsnorm"))),
     ("docs/patches.md", "on the H200 in bf16 its first call's check and its GPU tests passed",
-     _says("its first call's check and its GPU tests passed", lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and _profile("h200-compiled")["timing"]["timed"]
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
+     _says("its first call's check and its GPU tests passed", lambda: _compiled_profile("pointwise"))),
     ("docs/patches.md", "not measured on a GPU yet",
-     _says("not measured on a GPU yet", lambda: _never_on_a_gpu("selective_layers", 0) and _never_on_a_gpu("activation_checkpointing", "full"))),
+     _says("not measured on a GPU yet",
+           lambda: _never_on_a_gpu("selective_layers", 0) and _never_on_a_gpu("activation_checkpointing", "full"))),
     ("docs/patches.md", "(a GPU test, `tests/test_host_adamw.py`, passed on the H200 in device session 12",
-     _says('passed on the H200 in device session 12', lambda: _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log",
+     _says('passed on the H200 in device session 12', lambda: _log_passes(GPU12,
                          "tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu"))),
     ("docs/patches.md", "the serial step ran the copies (0.29 s down, 0.29 s up)",
      lambda: (f"({_copies('h200-base')['DtoH']['seconds']:.2f} s down", f"{_copies('h200-base')['HtoD']['seconds']:.2f} s up)")),
@@ -482,31 +532,29 @@ CLAIMS = [
     ("docs/patches.md", "with overlapped copies, 0.70 s (`outputs/update_profile/h200-overlap/`)",
      lambda: (f"{_idle_in_optimizer('h200-overlap'):.2f} s",)),
     ("docs/patches.md", "ran on the H200 with one rank in device session 9 and passed",
-     lambda: (f"with one rank in device session 9 and {_outcome('outputs/_node/session9/resume-test.console.log')}",)
-     if _passed("outputs/_node/session9/resume-test.console.log") == 1 else False),
+     lambda: (f"with one rank in device session 9 and {_outcome(RESUME9)}",)
+     if _passed(RESUME9) == 1 else False),
     ("docs/patches.md", "The committed run (dirty tree): 317 tests, every one passing in all three modes, no regression",
-     lambda: (lambda m: (f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else "<a clean tree>")
-              if m["ok"] and not any(m["regressions"].values()) and len({c["passed"] for c in m["counts"].values()}) == 1
-              and not any(c["failed"] + c["error"] for c in m["counts"].values()) else ("(not every test passed)",))(_verl_compat())),
+     lambda: _verl_compat_words()),
     ("docs/patches.md", "the modes took 576, 640 and 560 s",
      lambda: (", ".join(f"{s:.0f}" for s in list(_verl_compat()["seconds"].values())[:2])
               + f" and {list(_verl_compat()['seconds'].values())[2]:.0f} s",)),
     ("docs/patches.md", "The kernels' measurements (from a dirty tree) are in `outputs/kernels/h200/`",
      _says("(from a dirty tree)", lambda: _dirty("outputs/kernels/h200"))),
-    ("docs/patches.md", "one fwd+bwd of a 24,576-token micro-batch of the seed's lengths took 11.96 ms with the repeat and 11.45 ms without",
+    ("docs/patches.md", "one fwd+bwd of a 24,576-token micro-batch of the seed's lengths took 11.96 ms with the repeat and "
+                        "11.45 ms without",
      lambda: (lambda t: (f"{int(t[0]):,}-token", f"{t[1]} ms with the repeat and {t[2]} ms without"))(
          re.search(r"one fwd\+bwd of (\d+) tokens: repeat ([\d.]+) ms, native ([\d.]+) ms",
-                   (REPO_ROOT / "outputs/_node/session12/gqa-test.console.log").read_text()).groups())
-     if _log_passes("outputs/_node/session12/gqa-test.console.log", "tests/test_varlen_attention.py") else ()),
+                   (REPO_ROOT / GQA12).read_text()).groups())
+     if _log_passes(GQA12, "tests/test_varlen_attention.py") else ()),
     ("docs/patches.md", "in the profiled update elementwise kernels took 30% of the kernel time",
      lambda: (f"took {pct(_kind_share('h200-base', 'elementwise'))} of",)),
     ("docs/patches.md", "on a GPU they ran on the H200 in device session 12 and passed, 24 of 24",
-     lambda: (f"and {_outcome('outputs/_node/session12/gpu-tests-profile-compiled.log')}, "
-              f"{_passed('outputs/_node/session12/gpu-tests-profile-compiled.log')} of 24",)),
+     lambda: (f"and {_outcome(GPU12)}, "
+              f"{_passed(GPU12)} of 24",)),
     ("docs/patches.md", "the first call's check passed, so the forward of that call was eager's bit for bit, and the GPU tests, "
      "which also compare the gradients, passed on the H200",
-     _says("the first call's check passed", lambda: _profile("h200-compiled")["config"]["pointwise"] == "compiled" and bool(_profile("h200-compiled")["timing"]["timed"])
-     and _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
+     _says("the first call's check passed", lambda: _compiled_profile("pointwise"))),
     ("docs/patches.md", "(Qwen3-4B: 34,816 elements, 1.6 GiB a layer at 24,576 tokens)",
      lambda: (f"{_selective_layer()[0]:,} elements", f"{_selective_layer()[1]:.1f} GiB a layer")),
     ("docs/patches.md", "one update profiled with all 36 layers selective",
@@ -520,10 +568,12 @@ CLAIMS = [
          *_padded_plan(12288))),
     ("docs/reliability.md", "this was a constant 32-35 GiB per node more than the check counts",
      lambda: (_host_gap_range(),)),
-    ("docs/reliability.md", "No committed GPU run lost a worker", _says("No committed GPU run lost a worker", lambda: _failed_runs_say("verl exited with timeout"))),
+    ("docs/reliability.md", "No committed GPU run lost a worker",
+     _says("No committed GPU run lost a worker", lambda: _failed_runs_say("verl exited with timeout"))),
     # design facts: the configuration a sentence describes, read from the parameter file or the run's recipe
     ("README.md", "The arc is measured at the seed's own workload (24,576-token micro-batches, responses up to 4,096 tokens",
-     lambda: (f"({_seed_profile()['ppo_max_token_len_per_gpu']:,}-token", f"up to {_seed_profile()['max_response_length']:,} tokens")
+     lambda: (f"({_seed_profile()['ppo_max_token_len_per_gpu']:,}-token",
+              f"up to {_seed_profile()['max_response_length']:,} tokens")
      if _seed_profile()["use_remove_padding"] else False),
     ("README.md", "the earlier arc at a 256-token stand-in shape on two GPUs",
      lambda: (f"{_arm('1-fixes-hostadamw')['recipe']['max_response_length']}-token",
@@ -535,9 +585,9 @@ CLAIMS = [
     ("docs/results.md", "at 512 tokens the lowest value measured (0.4) already ran the whole batch without queueing a request",
      lambda: (lambda w, tokens, low: (f"at {tokens} tokens", f"measured ({low:g})") if w == 0 else False)(*_sweep_waiting(0.4))),
     ("docs/results.md", "at the seed's workload (unpadded, 24,576-token micro-batches) the fraction is several times higher",
-     _says('several times higher', lambda: min(r["update_actor_fraction"] for n, r in _limits().items() if n.startswith("h200-seed-") and r["tokens_real"] == r["tokens_computed"])
-     >= 3 * max(r["update_actor_fraction"] for n, r in _limits().items() if not n.startswith("h200-")))),
-    ("docs/results.md", "(`outputs/_node/vllm_standalone/h200-seed/`, session 12: the seed profile's shape at the synthetic length mean of 1400)",
+     _says("several times higher", lambda: _update_mfu(seed=True) >= 3 * _update_mfu(seed=False))),
+    ("docs/results.md", "(`outputs/_node/vllm_standalone/h200-seed/`, session 12: the seed profile's shape at the synthetic "
+                        "length mean of 1400)",
      lambda: (f"session {_session('outputs/_node/vllm_standalone/h200-seed')}:",
               f"mean of {_json('outputs/_node/vllm_standalone/h200-seed/metrics.json')['shape']['response_length_mean']})")),
     ("docs/results.md", "with remove-padding, chunked log-probs, 24,576 tokens per micro-batch and every lever",
@@ -546,11 +596,11 @@ CLAIMS = [
          _arm(_fastest("h200-1gpu")["variant"])["recipe"])),
     ("docs/results.md", "`h200` is session 7's; the other four ran one after the other in one lease at one commit (session 11)",
      lambda: (f"session {_session(f'{PROFILES}/h200')}'s", f"(session {_session(f'{PROFILES}/h200-base')})")
-     if _same_commit("h200-base", "h200-overlap", "h200-compiled", "h200-levers")
-     and len({_session(f"{PROFILES}/{p}") for p in ("h200-base", "h200-overlap", "h200-compiled", "h200-levers")}) == 1 else False),
+     if _same_commit(*SESSION11_PROFILES)
+     and len({_session(f"{PROFILES}/{p}") for p in SESSION11_PROFILES}) == 1 else False),
     ("docs/offline-node.md", "the `h200` profile's two replicas are measured as one: 128 of its 256 sequences",
-     lambda: (lambda r: (f"{r['train_batch_size'] * r['rollout_n'] // r['n_gpus']} of its {r['train_batch_size'] * r['rollout_n']} sequences",))(
-         _yaml("nbs/params/05_grpo_qwen3_4b.h200.yaml"))),
+     lambda: (lambda r: (f"{r['train_batch_size'] * r['rollout_n'] // r['n_gpus']} of its "
+                         f"{r['train_batch_size'] * r['rollout_n']} sequences",))(_yaml("nbs/params/05_grpo_qwen3_4b.h200.yaml"))),
     ("docs/offline-node.md", "4 packed micro-batches of <= 24,576 tokens",
      lambda: (f"{_profile('h200-base')['config']['micro_batches']} packed micro-batches of <= "
               f"{_profile('h200-base')['config']['max_tokens_per_micro_batch']:,} tokens",)),
@@ -585,21 +635,20 @@ def _steps_trained(arm: str) -> int:
 
 LAB_NOTES = [
     (L, "The verl arms of notebook 05 ran on an offline node with 2 x H200 over several device sessions",
-     lambda: tuple({f"{_arm(a)['recipe']['n_gpus']} x H200" for a in ("1-fixes-hostadamw", "4-rank0-owner", "5-master-on-host-cast-once")})),
+     lambda: tuple({f"{_arm(a)['recipe']['n_gpus']} x H200" for a in ("1-fixes-hostadamw", "4-rank0-owner", ARM5)})),
     (L, "Its GPU runs (arm 5 on 2 x H200) stopped twice",
-     lambda: ("stopped twice",) if len(list((REPO_ROOT / ARMS).glob("5-master-on-host-cast-once.session*.failed"))) == 2 else False),
+     lambda: ("stopped twice",) if len(list((REPO_ROOT / ARMS).glob(f"{ARM5}.session*.failed"))) == 2 else False),
     (L, "the fourth and fifth device sessions trained the arm 3 of 3 steps with both ranks bit-identical",
      lambda: tuple({f"the arm {_steps_trained(a)} of {_arm(a)['recipe']['steps']} steps" for a in
-                    ("5-master-on-host-cast-once.session4", "5-master-on-host-cast-once")})
-     if all(_arm(a)["sanity"].get("rank_max_abs_diff") == 0 for a in ("5-master-on-host-cast-once.session4", "5-master-on-host-cast-once"))
-     else False),
+                    (f"{ARM5}.session4", ARM5)})
+     if all(_arm(a)["sanity"].get("rank_max_abs_diff") == 0 for a in (f"{ARM5}.session4", ARM5)) else False),
     (L, "the third session's 2-skip-old-logprob hit the launch's time limit after two of its three steps",
      lambda: ("after two of its three steps",) if re.search(r"exited with timeout .* logged 2/3 steps", _source_text(
          f"{ARMS}/2-skip-old-logprob.session3.failed/FAILED.txt")) else False),
     (L, "that recompute ran out of the 47.4 GiB card in the skip arms",
      lambda: tuple({f"{_arm(a)['recipe']['emulate_gpu_gib']:g} GiB card" for a in
-                    ("2-skip-old-logprob-entropy-backprop", "3-pinned-entropy-backprop")})
-     if all(_outcome_of(a).startswith("torch_oom") for a in ("2-skip-old-logprob-entropy-backprop", "3-pinned-entropy-backprop")) else False),
+                    ENTROPY_BACKPROP})
+     if all(_outcome_of(a).startswith("torch_oom") for a in ENTROPY_BACKPROP) else False),
     (L, "The GPU test passed on that node", lambda: (f"The GPU test {_outcome(GPU5)}",)),
     (L, "the two-GPU test of that path passed on the node", lambda: (f"test of that path {_outcome(GPU5)}",)),
     _quote(L, "The seed's workload on one H200 (session 6)", C5),
@@ -637,14 +686,16 @@ LAB_NOTES = [
     _quote(L, "about 10-12 min each on one GPU, from session 6's runs", C5),
     _quote(L, "It learns, and resume is bit-exact on the GPU (session 9)", _session_readme(9)),
     (L, "The checkpoint-resume test passed on the H200",
-     lambda: (f"The checkpoint-resume test {_outcome('outputs/_node/session9/resume-test.console.log')}",)),
+     lambda: (f"The checkpoint-resume test {_outcome(RESUME9)}",)),
     (L, "Notebook 07's three runs ran side by side on the one GPU and trained 40 steps each, in 23.4 min with start-up",
      lambda: (f"trained {_learning()['config']['steps']} steps each", _node_minutes(_session_readme(9), "learning"))
-     if all(r["steps_trained"] == _learning()["config"]["steps"] for r in _learning()["analysis"]["per_run"].values()) else False),
+     if all(r["steps_trained"] == _learning()["config"]["steps"] for r in _learning()["analysis"]["per_run"].values())
+     else False),
     (L, "Arm 5 is inside it at 22 of 40 steps",
      lambda: (lambda c: (f"at {c['in_range']} of {c['steps']} steps",))(_learning()["analysis"]["compare"]["per_step"])),
     (L, "HostAdamW's overlapped copies passed their GPU bit-identity test (both cases) in the same run",
-     lambda: ("passed their GPU bit-identity test (both cases)",) if "both of its cases" in _source_text(_session_readme(9)) else False),
+     lambda: ("passed their GPU bit-identity test (both "
+              "cases)",) if "both of its cases" in _source_text(_session_readme(9)) else False),
     _quote(L, "(session 6's seed runs took 9-13 min each on one GPU", C5),
     (L, "for the 1.3x update tokens/s target", lambda: (f"{report.REMOVE_PADDING_SPEEDUP_TARGET:g}x",)),
     _quote(L, "Padded against unpadded at the seed's shape (session 10)", _session_readme(10)),
@@ -664,7 +715,8 @@ LAB_NOTES = [
     _quote(L, "ran and ended 7 min 30 s after it started", _session_readme(11)),
     (L, "The compiled kernels cut the elementwise kernel time to about a quarter, and both levers together cut the update "
      "by 19%, to 28% MFU",
-     lambda: (f"by {1 - _wall('h200-levers') / _wall('h200-base'):.0%}", f"to {pct(_profile('h200-levers')['flops']['mfu_timed'])} MFU")
+     lambda: (f"by {1 - _wall('h200-levers') / _wall('h200-base'):.0%}",
+              f"to {pct(_profile('h200-levers')['flops']['mfu_timed'])} MFU")
      if 0.2 <= _profile("h200-compiled")["summary"]["categories"]["elementwise"]["ms"]
      / _profile("h200-base")["summary"]["categories"]["elementwise"]["ms"] <= 0.3 else False),
     _quote(L, "The 40% target stays out of reach from these levers: even with the remaining optimizer-step idle time and "
@@ -673,23 +725,23 @@ LAB_NOTES = [
      lambda: ("first-call check passed",) if _profile("h200-compiled")["config"]["pointwise"] == "compiled"
      and _profile("h200-compiled")["timing"]["timed"] else False),
     (L, "the 0.2-s replay poll",
-     lambda: (f"the {_arm('h200-seed-5-master-on-host-cast-once-levers.session12')['recipe']['replay_poll_s']:g}-s",)),
+     lambda: (f"the {_arm(LEVERS12)['recipe']['replay_poll_s']:g}-s",)),
     _quote(L, "The unfused logits' OOM, the rollout's ceiling, native GQA (session 12)", _session_readme(12)),
     (L, "Standalone vLLM at the seed profile's shape: 9,759 output tokens/s",
      lambda: (f"{_json('outputs/_node/vllm_standalone/h200-seed/metrics.json')['output_tok_s']:,.0f} output tokens/s",)),
     (L, "verl's rollout at that shape reaches 92% (the padded run of 957fbb3) and 98% (the levers run) of it, so the gen "
      "target (70%) holds where it is measured",
      lambda: (f"reaches {pct(_limits()[PADDED]['gen_fraction'])}",
-              f"and {pct(_limits()['h200-seed-5-master-on-host-cast-once-levers.session12']['gen_fraction'])} (the levers",
+              f"and {pct(_limits()[LEVERS12]['gen_fraction'])} (the levers",
               f"target ({report_limits.GEN_FRACTION_TARGET:.0%})")),
     (L, "bit for bit the repeated heads' result in deterministic mode, 11.45 against 11.96 ms per fwd+bwd",
      lambda: (lambda t: (f"{t[2]} against {t[1]} ms",))(re.search(
          r"one fwd\+bwd of (\d+) tokens: repeat ([\d.]+) ms, native ([\d.]+) ms",
-         _source_text("outputs/_node/session12/gqa-test.console.log")).groups())),
+         _source_text(GQA12)).groups())),
     (L, "The compiled kernels' profile ran again (8.87 s) and the levers' 24 GPU tests passed",
      lambda: (f"({_wall('h200-compiled.session12'):.2f} s)",
-              f"{_passed('outputs/_node/session12/gpu-tests-profile-compiled.log')} GPU tests "
-              f"{_outcome('outputs/_node/session12/gpu-tests-profile-compiled.log')}")),
+              f"{_passed(GPU12)} GPU tests "
+              f"{_outcome(GPU12)}")),
     _quote(L, "`seed-levers` trained 2 of 4 steps before the lease ended (actor peak 31.62 GiB against arm 5's 32.64 at "
            "f548321)", GENERATED),
     _quote(L, "The planner's `compiled_pointwise` option now takes that tensor off (x1.09)", GENERATED),
@@ -742,25 +794,29 @@ LAB_NOTES = [
               f"{_arm('h200-seed-1-fixes-hostadamw.session19')['recipe']['steps']} steps at lr "
               f"{_arm('h200-seed-1-fixes-hostadamw.session19')['recipe']['lr']:g}",)),
     _quote(L, "arm 1 took 14 min 32 s from launch to exit, not the 9-10 min of arm 5", _session_readme(19)),
-    _quote(L, "Its response means per step (1200, 1342, 1238, 1422) are those of arm 5 at 3efa1de to within 10 tokens", GENERATED),
+    _quote(L, "Its response means per step (1200, 1342, 1238, 1422) are those of arm 5 at 3efa1de to within 10 "
+              "tokens", GENERATED),
     _quote(L, "because a poll was sent more than 30 s after the one before", _session_readme(19)),
     _quote(L, "the planner's CUDA-graph term is what vLLM logged for the model in committed runs (`rlkit.vllm_terms`; 0.61 GiB "
            "for Qwen3-4B, not the assumed 1.0), which closes that miss of notebook 06 (52 of 64 quantities within 10%, 44 "
            "before)", GENERATED, "rlkit/budget.py"),
     (L, "the test now does too (3747d7d), and it ran on the H200 in session 9 (below)",
-     lambda: (f"it ran on the H200 in session 9",) if _outcome("outputs/_node/session9/resume-test.console.log") == "passed" else False),
-    (L, "three levers for the update (session 8)", lambda: ("(session 8)",) if not (REPO_ROOT / "outputs/_node/session8").exists() else False),
+     lambda: ("it ran on the H200 in session 9",) if _outcome(RESUME9) == "passed" else False),
+    (L, "three levers for the update (session "
+        "8)", lambda: ("(session 8)",) if not (REPO_ROOT / "outputs/_node/session8").exists() else False),
     (L, "On the GPU the question stayed open until session 11 (below)",
      lambda: ("until session 11",) if _session(f"{PROFILES}/h200-compiled") == 11 else False),
     (L, "so which phase it ran out in was not known until session 12 (below)",
      lambda: ("until session 12",) if "unfused" in _source_text(_session_readme(12)) else False),
     (L, "the padded run against arm 1 of another commit no longer says \"met\"",
-     lambda: ("no longer says",) if all(": met" not in line and "not judged" in line for line in _source_text(GENERATED).splitlines()
-                                         if "padded-tok12288` against `h200-seed-1-fixes-hostadamw`" in line) else False),
+     _says("no longer says", lambda: all(": met" not in line and "not judged" in line
+                                         for line in _source_text(GENERATED).splitlines()
+                                         if f"{PADDED}` against `h200-seed-1-fixes-hostadamw`" in line))),
     (L, "the planner's forward pass has 10 bytes per logit element on the `torch_fp32` path the sweep assumes",
      lambda: (f"has {__import__('rlkit.budget', fromlist=['x']).LOGITS_BYTES['torch_fp32']['forward']} bytes",)),
     (L, "still peak above 1-fixes-hostadamw, which computes no entropy in the update",
-     _says("still peak above", lambda: min(_arm(a)["summary"]["actor_max_allocated_gib"] for a in ("2-skip-old-logprob", "3-pinned"))
+     _says("still peak above", lambda: min(_arm(a)["summary"]["actor_max_allocated_gib"]
+                                           for a in ("2-skip-old-logprob", "3-pinned"))
            > _arm("1-fixes-hostadamw")["summary"]["actor_max_allocated_gib"])),
     (L, "46.24 GiB without it, 39.87 GiB with it, as 1-fixes-hostadamw's 39.87 GiB",
      lambda: tuple(f"{_arm(a)['summary']['actor_max_allocated_gib']:.2f} GiB{s}" for a, s in
@@ -769,22 +825,27 @@ LAB_NOTES = [
      _says("at every step", lambda: _learning()["analysis"]["verdict"]["all_learned"]
            and _learning()["analysis"]["verdict"]["compare_every_step_within_band"])),
     (L, "none measured on a GPU then (sessions 11 and 12 below measured them)",
-     _says("sessions 11 and 12 below measured them", lambda: {_session(f"{PROFILES}/{p}") for p in ("h200-overlap", "h200-compiled")} == {11}
-           and _outcome("outputs/_node/session12/gpu-tests-profile-compiled.log") == "passed")),
+     _says("sessions 11 and 12 below measured "
+           "them", lambda: {_session(f"{PROFILES}/{p}") for p in ("h200-overlap", "h200-compiled")} == {11}
+           and _outcome(GPU12) == "passed")),
     (L, "bit-identical by construction; the GPU test exists",
-     _says("the GPU test exists", lambda: _tested("tests/test_host_adamw.py", "test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu"))),
+     _by_test("the GPU test exists",
+              "tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu")),
     (L, "not bit-exact, held to a stated tolerance; in fp32 through verl's engine it agrees to fp32 rounding",
-     _says("agrees to fp32 rounding", lambda: _tested("tests/test_compiled_patches.py", "test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order"))),
+     _by_test("agrees to fp32 rounding",
+              "tests/test_compiled_patches.py::test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order")),
     (L, "rotary and SwiGLU; bit-identical on the CPU)",
-     _says("bit-identical on the CPU", lambda: _tested("tests/test_compiled_patches.py", "test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager"))),
+     _by_test("bit-identical on the CPU",
+              "tests/test_compiled_patches.py::test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager")),
     (L, "compiled RMSNorm within its tolerance; compiled rotary and SwiGLU bit for bit)",
-     _says("bit for bit", lambda: _log_passes("outputs/_node/session12/gpu-tests-profile-compiled.log", "tests/test_compiled_patches.py"))),
+     _says("bit for bit", lambda: _log_passes(GPU12, "tests/test_compiled_patches.py"))),
     _quote(L, "The bundle had to be cut into 36-MiB parts: with the 26-MiB tree, a 50-MiB part does not fit one 64-MiB call",
            _session_readme(18)),
     _quote(L, "The bundle had to be cut into 30-MiB parts: the tree is now 27.5 MiB, and a 36-MiB part with it was refused",
            _session_readme(19)),
     _quote(L, "the bundle rebuilt and carried in 36-MiB parts", _session_readme(12)),
-    _quote(L, "The bundle went over as 11 parts of 34 MiB: a call carries 64 MiB with the tree, and the tracked tree was 25 MiB", C5,
+    _quote(L, "The bundle went over as 11 parts of 34 MiB: a call carries 64 MiB with the tree, and the tracked tree was 25 "
+              "MiB", C5,
            _session_readme(11)),
 ]
 CLAIMS += LAB_NOTES
@@ -794,19 +855,24 @@ CLAIMS += [
     ("README.md", "bit-exact wherever the kernels are deterministic",
      _says("bit-exact wherever the kernels are deterministic", lambda: all(
          c["verdict"] == "bit-exact" for nb in ("01_offload_bug", "03_cast_once", "04_skip_old_logprob")
-         for c in _json(f"outputs/{nb}/h200-deterministic/metrics.json")["determinism"]["checks"] if c["patched_vs_unpatched"] is not None))),
+         for c in _json(f"outputs/{nb}/h200-deterministic/metrics.json")["determinism"]["checks"]
+         if c["patched_vs_unpatched"] is not None))),
     ("README.md", "the AdamW step on the host through pinned buffers, bit-identical to `torch.optim.AdamW`",
-     _says("bit-identical to `torch.optim.AdamW`", lambda: _tested("tests/test_host_adamw.py", "test_bit_exact_vs_torch_adamw_with_scheduler"))),
+     _by_test("bit-identical to `torch.optim.AdamW`",
+              "tests/test_host_adamw.py::test_bit_exact_vs_torch_adamw_with_scheduler")),
     ("docs/results.md", "vLLM's PyTorch allocator held more during a rollout (how much: the block's \"Rollout\" line)",
      _says("held more during a rollout", lambda: "- Rollout: util does not cap vLLM's process" in _source_text(GENERATED))),
     ("docs/patches.md", "(bit-exact against the unpatched update), including verl's nesting of a second `train_mode` context",
      _says("bit-exact against the unpatched update", lambda: _tested("tests/test_master_on_host_verl.py",
                                                                      "test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline"))),
     ("docs/patches.md", "any thread count gives bit-identical parameters and state (`tests/test_host_adamw.py`)",
-     _says("bit-identical parameters and state", lambda: _tested("tests/test_host_adamw.py", "test_host_threads_do_not_change_the_step"))),
-    ("docs/patches.md", "Both are bit-exact against torch's AdamW on two gloo ranks (the device path's code runs there on CPU tensors), "
+     _by_test("bit-identical parameters and state",
+              "tests/test_host_adamw.py::test_host_threads_do_not_change_the_step")),
+    ("docs/patches.md", "Both are bit-exact against torch's AdamW on two gloo ranks (the device path's code runs there on CPU "
+                        "tensors), "
      "and a two-GPU test checks the NCCL path",
-     _says("Both are bit-exact", lambda: _tested("tests/test_host_adamw.py", "test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore")
+     _says("Both are bit-exact", lambda: _tested("tests/test_host_adamw.py",
+                                                   "test_rank0_owner_two_gloo_ranks_exact_with_checkpoint_restore")
            and _tested("tests/test_host_adamw.py", "test_rank0_owner_broadcasts_over_nccl_by_default_bit_exact"))),
     ("docs/patches.md", "resumed in new processes from other weights, equals the uninterrupted run at steps 3 and 4 bit for bit",
      _says("bit for bit", lambda: _tested("tests/test_checkpoint_resume.py",
@@ -815,19 +881,26 @@ CLAIMS += [
      lambda: tuple(f"below {m.group(1)}" for r in __import__("importlib.metadata", fromlist=["x"]).requires("verl")
                    if (m := re.match(r"transformers[^;]*<([\d.]+)", r)) and ";" not in r)),
     ("docs/patches.md", "It is not bit-exact: the squares of a row and the backward's reductions are summed in other orders",
-     _says("not bit-exact", lambda: _tested("tests/test_compiled_patches.py", "test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order"))),
-    ("docs/patches.md", "At apply it checks that transformers' forward still computes that expression, bit for bit on a probe, and refuses otherwise",
-     _says("refuses otherwise", lambda: _tested("tests/test_compiled_patches.py", "test_a_transformers_norm_that_computes_otherwise_is_refused"))),
+     _by_test("not bit-exact",
+              "tests/test_compiled_patches.py::test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order")),
+    ("docs/patches.md", "At apply it checks that transformers' forward still computes that expression, bit for bit on a probe, "
+                        "and refuses otherwise",
+     _by_test("refuses otherwise",
+              "tests/test_compiled_patches.py::test_a_transformers_norm_that_computes_otherwise_is_refused")),
     ("docs/patches.md", "on a CPU with torch 2.13 the tiny Qwen3's logits and gradients are bit-identical to eager's",
-     _says("bit-identical to eager's", lambda: _tested("tests/test_compiled_patches.py", "test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager"))),
-    ("docs/patches.md", "so the loss and every gradient are bit-identical to full checkpointing (`tests/test_selective_checkpoint.py`",
+     _by_test("bit-identical to eager's",
+              "tests/test_compiled_patches.py::test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager")),
+    ("docs/patches.md", "so the loss and every gradient are bit-identical to full checkpointing "
+                        "(`tests/test_selective_checkpoint.py`",
      _says("bit-identical to full checkpointing", lambda: _tested("tests/test_selective_checkpoint.py",
                                                                    "test_loss_and_every_gradient_are_bit_identical_to_full_checkpointing"))),
     ("docs/offline-node.md", "the Chrome trace, at most 16 MiB",
      lambda: (f"at most {_profile('h200-base')['config']['trace_max_mib']:g} MiB",)),
-    ("docs/multinode.md", "four ranks on two Ray nodes with an owner per node end bit-identical to each other and to the same four ranks "
+    ("docs/multinode.md", "four ranks on two Ray nodes with an owner per node end bit-identical to each other and to the same "
+                          "four ranks "
      "on one node with one global owner",
-     _says("end bit-identical", lambda: _tested("tests/test_multinode_ray.py", "test_per_node_owners_on_two_ray_nodes_are_bit_identical_to_one_node"))),
+     _by_test("end bit-identical",
+              "tests/test_multinode_ray.py::test_per_node_owners_on_two_ray_nodes_are_bit_identical_to_one_node")),
     ("docs/multinode.md", "Nothing below has run on a real multi-node cluster",
      _says("Nothing below has run", lambda: not any(re.search(r"^nodes: *([2-9]|\d\d)", p.read_text(), re.MULTILINE)
                                                     for p in (REPO_ROOT / "outputs").rglob("params.yaml")))),
@@ -850,19 +923,25 @@ NOT_RESULTS = [
     ("docs/patches.md", "`seed-sac` (arm 5 at the seed's workload on the 47.4 GiB card", "what a launcher job would run"),
     ("docs/patches.md", "fixed 2 s", "verl's constant, which the patch replaces"),
     ("docs/offline-node.md", "a machine goes back 30 s after a call ends", "the device service's rule"),
-    ("docs/offline-node.md", "A poll sent more than 30 s after the one before finds the machine gone", "the device service's rule"),
+    ("docs/offline-node.md", "A poll sent more than 30 s after the one before finds the machine "
+                             "gone", "the device service's rule"),
     ("docs/reliability.md", "A run that raised is renamed to `<tag>.failed/`", "the results folder's rule"),
     ("docs/reliability.md", "Paths in `FAILED.txt` point into `<tag>.failed/`", "the results folder's rule"),
     ("docs/reliability.md", "`<tag>.failed/`", "a table cell naming the folder a fault leaves"),
     ("docs/reliability.md", "inside a run, `<tag>.failed/FAILED.txt`", "a table cell naming the folder a fault leaves"),
-    ("docs/reliability.md", "HostAdamW holds 125.67 GiB of host memory per node", "the message's text, which tests/test_faults.py computes"),
-    ("docs/reliability.md", "The failed runs that are committed show other faults", "names committed folders (tests/test_docs.py)"),
+    ("docs/reliability.md", "HostAdamW holds 125.67 GiB of host memory per node", "the message's text, which "
+         "tests/test_faults.py computes"),
+    ("docs/reliability.md", "The failed runs that are committed show other "
+                            "faults", "names committed folders (tests/test_docs.py)"),
     ("docs/multinode.md", "2 (W - 1) / W x 4 B x trainable parameters", "a formula"),
-    ("docs/patches.md", "That multiply is the device's: one IEEE fp32 multiplication", "the argument of a design (the section says: not implemented)"),
+    ("docs/patches.md", "That multiply is the device's: one IEEE fp32 multiplication", "the argument of a design (the section "
+         "says: not implemented)"),
     ("docs/patches.md", "The CPU test this design needs", "a test to write, not one that ran"),
-    ("docs/reliability.md", "`Fix: lower actor_rollout_ref.rollout.gpu_memory_utilization to at most 0.63", "a message's text, which tests/test_faults.py asserts"),
+    ("docs/reliability.md", "`Fix: lower actor_rollout_ref.rollout.gpu_memory_utilization to at most "
+                            "0.63", "a message's text, which tests/test_faults.py asserts"),
     ("docs/lab-notes.md", "about 2 min of bundle in 30-MiB parts, then about 25 min of jobs", "a plan for later leases"),
-    ("docs/reliability.md", "`verl exited with 1 after N s having logged 1/3 steps", "a message's template (tests/test_faults.py)"),
+    ("docs/reliability.md", "`verl exited with 1 after N s having logged 1/3 "
+                            "steps", "a message's template (tests/test_faults.py)"),
     ("docs/multinode.md", "or a faster link are what shorten it", "advice, no measurement"),
 ]
 
