@@ -136,7 +136,8 @@ def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
     skip = load_committed("04_skip_old_logprob", tag, root)
     if rows and skip and skip.get("timing"):
         lines += ["", f"04_skip_old_logprob in deterministic mode ({skip['setup']['num_sequences']} sequences of "
-                  f"{skip['setup']['response_length']} response tokens, a smaller run than the h200 one above). " + skip_net(skip["timing"])]
+                  f"{skip['setup']['response_length']} response tokens, a smaller run than the h200 one above). "
+                  + skip_net(skip["timing"])]
     return lines if rows else [f"*No committed {tag} results yet.*"]
 
 
