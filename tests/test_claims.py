@@ -500,7 +500,8 @@ CLAIMS += [
 
 def _no_multinode_run() -> bool:
     """No committed run's parameters ask for more than one node."""
-    return not any(re.search(r"^nodes: *([2-9]|\d\d)", p.read_text(), re.MULTILINE) for p in (REPO_ROOT / "outputs").rglob("params.yaml"))
+    return not any(re.search(r"^nodes: *([2-9]|\d\d)", p.read_text(), re.MULTILINE)
+                   for p in (REPO_ROOT / "outputs").rglob("params.yaml"))
 
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
