@@ -499,9 +499,14 @@ CLAIMS += [
 
 
 def _no_multinode_run() -> bool:
-    """No committed run's parameters ask for more than one node."""
-    return not any(re.search(r"^nodes: *([2-9]|\d\d)", p.read_text(), re.MULTILINE)
-                   for p in (REPO_ROOT / "outputs").rglob("params.yaml"))
+    """No committed run asked for more than one node: no verl override ``trainer.nnodes`` above 1 in a metrics.json
+    (the recipe renders it for every verl run), no ``nodes`` above 1 in a params.yaml."""
+    outputs = REPO_ROOT / "outputs"
+    many = re.compile(r"trainer\.nnodes=([2-9]|\d\d)|^nodes: *([2-9]|\d\d)", re.MULTILINE)
+    files = [*outputs.rglob("metrics.json"), *outputs.rglob("params.yaml")]
+    seen = [p for p in files if "nnodes" in (text := p.read_text(errors="replace")) or "nodes:" in text]
+    assert seen, "no committed run records its node count: the check would hold for nothing"
+    return not any(many.search(p.read_text(errors="replace")) for p in seen)
 
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
