@@ -22,11 +22,16 @@ def source(notebook: str, tag: str = "h200") -> str:
     return f"`outputs/{notebook}/{tag}/metrics.json`"
 
 
+DIRTY = " (dirty tree)"  # what a table says after the commit of a run whose env.json records local changes
+
+
 def run_commit(run_dir: Path) -> str:
     """The rlkit commit a run came from, as its env.json recorded it."""
     env = run_dir / "env.json"
     sha = (json.loads(env.read_text()).get("git_sha") if env.exists() else None) or "-"
-    return re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)  # a full SHA (RLKIT_GIT_SHA on the node) as git shows it
+    sha = re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)  # a full SHA (RLKIT_GIT_SHA on the node) as git shows it
+    # a run from a tree with uncommitted changes is not that commit's: every table that shows it says so (issue 46)
+    return sha.removesuffix("-dirty") + DIRTY if sha.endswith("-dirty") else sha
 
 
 def offload_section(m: dict) -> list[str]:
@@ -83,13 +88,24 @@ def cast_once_section(m: dict) -> list[str]:
     return lines
 
 
+def skip_net(t: dict) -> str:
+    """What the skip changes in a step (the old-log-prob pass and the update together), beside its pass's saving."""
+    without = t["old_log_prob_seconds"] + t["update_seconds_no_skip"]
+    with_skip = t["old_log_prob_skipped_seconds"] + t["update_seconds_skip"]
+    return (f"The update took {t['update_seconds_skip']:.2f} s with the skip against {t['update_seconds_no_skip']:.2f} s "
+            f"without, so the old-log-prob pass and the update together went from {without:.2f} s to {with_skip:.2f} s: "
+            f"{'a saving' if without > with_skip else 'a loss'} of {abs(without - with_skip):.2f} s in the step, "
+            f"against the pass's {t['old_log_prob_seconds']:.2f} s.")
+
+
 def skip_section(m: dict) -> list[str]:
+    """The skip's bit-exactness, and its net effect on the step beside what it saves in its own pass (issue 46)."""
     b, t = m["bit_exactness"], m["timing"]
     return [f"**On-policy old-log-prob skip, Qwen3-4B** ({source('04_skip_old_logprob')}): "
             f"max |log_prob.detach() - old_log_probs| = {b['served_vs_old_log_prob_max_abs_diff']:.1e}, IS weights "
             f"{b['is_weights_token_max_abs_diff']:.1e}, PPO loss difference {b['loss_abs_diff']:.1e}; the old-log-prob "
             f"pass cost {t['old_log_prob_seconds']:.2f} s and {t['old_log_prob_skipped_seconds']:.1e} s skipped "
-            f"({t['skipped_over_unskipped']:.4%} of it)."]
+            f"({t['skipped_over_unskipped']:.4%} of it). " + skip_net(t)]
 
 
 DETERMINISM_NOTEBOOKS = ("01_offload_bug", "03_cast_once", "04_skip_old_logprob")
@@ -117,6 +133,11 @@ def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{fmt(max((c['patched_vs_unpatched'] for c in checks), default=None), 'g')} | "
                      f"{fmt(max(spreads, default=None), 'g')} | {', '.join(d.get('nondeterministic_ops', {}).values()) or 'none'} |")
         rows += 1
+    skip = load_committed("04_skip_old_logprob", tag, root)
+    if rows and skip and skip.get("timing"):
+        lines += ["", f"04_skip_old_logprob in deterministic mode ({skip['setup']['num_sequences']} sequences of "
+                  f"{skip['setup']['response_length']} response tokens, a smaller run than the h200 one above). "
+                  + skip_net(skip["timing"])]
     return lines if rows else [f"*No committed {tag} results yet.*"]
 
 

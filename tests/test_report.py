@@ -330,3 +330,57 @@ def test_a_seed_run_outside_issue_23s_length_band_is_named(tmp_path):
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
     (line,) = [x for x in report.seed_workload_section(root) if x.startswith("Response-length mean against the band")]
     assert line.endswith(f"inside: {base} 43%; outside: {short} 10%.")
+
+
+def test_a_run_from_a_dirty_tree_says_so_in_its_table_and_a_clean_one_does_not(tmp_path):
+    """Issue 46: a result from a tree with uncommitted changes is labelled in every table that shows it."""
+    import json
+
+    root = _git_repo(tmp_path)
+    for notebook, sha in (("01_offload_bug", "f860009edfe90fc0d7ade08aaaf8e9c62a76964b-dirty"),
+                          ("03_cast_once", "1234567edfe90fc0d7ade08aaaf8e9c62a76964b")):
+        run = root / notebook / "h200-deterministic"
+        shutil.copytree(OUTPUTS_DIR / notebook / "h200-deterministic", run)
+        env = json.loads((run / "env.json").read_text())
+        (run / "env.json").write_text(json.dumps({**env, "git_sha": sha}))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
+    rows = {line.split("|")[1].strip(): line for line in report_notebooks.determinism_section(root) if line.startswith("| 0")}
+    assert rows["01_offload_bug"].split("|")[2].strip() == "f860009" + report_notebooks.DIRTY
+    assert rows["03_cast_once"].split("|")[2].strip() == "1234567"
+
+
+def _committed_dirty_commits() -> set[str]:
+    """The short commit of every committed run whose env.json records a dirty tree."""
+    import json
+
+    from rlkit.results import tracked_files
+
+    shas = (json.loads(p.read_text()).get("git_sha") or "" for p in tracked_files(OUTPUTS_DIR) if p.name == "env.json")
+    return {sha[:7] for sha in shas if sha.endswith("-dirty")}
+
+
+def test_every_table_row_of_a_dirty_tree_run_is_labelled():
+    try:
+        dirty = _committed_dirty_commits()
+    except NotACheckout as err:
+        pytest.skip(str(err))
+    assert dirty, "no committed run is from a dirty tree any more: this test has nothing left to check; drop it"
+    rows = [line for doc, names in report.DOCS.items() for name in names
+            for line in report.block(name).splitlines() if line.startswith("|")]
+    shown = [line for line in rows if any(sha in line for sha in dirty)]
+    assert shown, f"no generated table shows a run of {sorted(dirty)}"
+    unlabelled = [line for line in shown if report_notebooks.DIRTY not in line or "-dirty" in line]
+    assert not unlabelled, f"rows of dirty-tree runs without {report_notebooks.DIRTY!r}: {unlabelled}"
+
+
+def test_the_skips_net_effect_on_the_step_is_beside_its_pass_saving():
+    """Issue 46: the skip saves its pass, and the update it serves may take longer; the step gets the difference."""
+    timing = {"old_log_prob_seconds": 3.0, "old_log_prob_skipped_seconds": 0.0, "update_seconds_skip": 14.0,
+              "update_seconds_no_skip": 12.0}
+    assert "from 15.00 s to 14.00 s: a saving of 1.00 s in the step, against the pass's 3.00 s" in \
+        report_notebooks.skip_net(timing)
+    slower = report_notebooks.skip_net({**timing, "update_seconds_skip": 16.5})
+    assert "from 15.00 s to 16.50 s: a loss of 1.50 s in the step" in slower
+    block = report.block("results")
+    t = report_notebooks.load_committed("04_skip_old_logprob")["timing"]
+    assert report_notebooks.skip_net(t) in block, "the committed skip's net effect is not beside its pass saving"
