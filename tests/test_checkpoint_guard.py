@@ -5,7 +5,10 @@ verl's ``FSDPCheckpointManager`` saves and loads in one process: with a one-rank
 all when ``get_rank`` / ``get_world_size`` / ``barrier`` answer for the single process, as verl's own CPU tests
 (``tests/checkpoint_engine/test_fsdp_lora_only_checkpoint_on_cpu.py``) set them. The guard must work in both; before
 it did not (``Default process group has not been initialized``: it gathered over the default group).
-Real verl manager, real tiny Qwen3, real torch AdamW; one process, CPU."""
+Real verl manager, real tiny Qwen3, real torch AdamW; one process, CPU.
+
+And every field the guard checks (its ``CHECKED``), one at a time: a resume that differs from the checkpoint in that
+field alone (HostAdamW with the rank-0 owner in a gloo world of one) is refused, the refusal naming that field."""
 from __future__ import annotations
 
 import json
@@ -125,3 +128,98 @@ def test_an_unpatched_checkpoint_stays_verls_own(single_process, guard_and_patch
     assert not os.path.exists(os.path.join(ckpt, FILENAME))
     saved = torch.load(os.path.join(ckpt, "optim_world_size_1_rank_0.pt"), weights_only=True)
     assert type(saved) is dict and set(saved) == {"state", "param_groups"}
+
+
+# ------------------------------------------------------------------------------ every checked field, one at a time
+def _host_adamw(model, **options):
+    from rlkit.optim import HostAdamW
+
+    return HostAdamW(model.parameters(), lr=1e-3, host_threads=1, **{"rank0_owner": True, **options})
+
+
+def _trained_host(**options):
+    from rlkit.models import build_random_model
+
+    model = build_random_model("tiny", seed=0)
+    optimizer = _host_adamw(model, **options)
+    model(torch.arange(8).view(1, 8)).logits.sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+# What the resuming run changes, and the words its refusal must contain. Each differs from the saving run (HostAdamW,
+# rank-0 owner, impl fused, skip_nonfinite on, owners "group", patch offload_views) in that one field.
+RUN_CHANGES = {
+    "HostAdamW rank0_owner": ({"rank0_owner": False}, "HostAdamW rank0_owner: True in the checkpoint, False in this run"),
+    "HostAdamW impl": ({"impl": "forloop"}, "HostAdamW impl: 'fused' in the checkpoint, 'forloop' in this run"),
+    "HostAdamW skip_nonfinite": ({"skip_nonfinite": False},
+                                 "HostAdamW skip_nonfinite: True in the checkpoint, False in this run"),
+    "HostAdamW owners": ({"owners": "node"}, "HostAdamW owners: 'group' in the checkpoint, 'node' in this run"),
+    "optimizer": ("torch AdamW", ("optimizer: rlkit.optim.host_adamw.HostAdamW wrote the checkpoint, this run builds "
+                                 "torch.optim.adamw.AdamW")),
+    "patches": ("without offload_views", ("patch offload_views: active in the run that wrote the checkpoint, not in "
+                                         "this run")),
+}
+# Fields one process cannot change alone (one rank holds the state, the world is one rank): the checkpoint's record
+# of them differs instead, as a checkpoint of another layout would.
+SAVED_CHANGES = {
+    "adam_state_ranks": ({"adam_state_ranks": []}, ("Adam state: held by ranks [] in the checkpoint, by ranks [0] in "
+                                                   "this run")),
+    "world_size": ({"world_size": 2}, "world_size: 2 ranks wrote the checkpoint, this run has 1"),
+}
+
+
+def test_every_checked_field_is_covered_here():
+    from rlkit.patches.checkpoint_fingerprint import CHECKED
+
+    assert set(RUN_CHANGES) | set(SAVED_CHANGES) == set(CHECKED)
+
+
+@pytest.fixture
+def host_adamw_checkpoint(guard_and_patch, tmp_path):
+    """A checkpoint of a patched run with HostAdamW's rank-0 owner, saved through verl's manager (a gloo world of one)."""
+    from rlkit.patches.checkpoint_fingerprint import FILENAME
+
+    with gloo_world_of_one():
+        for p in guard_and_patch:
+            p.apply()
+        ckpt = str(tmp_path / "actor")
+        model, optimizer = _trained_host()
+        _manager(model, optimizer).save_checkpoint(ckpt, global_step=1)
+        yield ckpt, os.path.join(ckpt, FILENAME), optimizer
+
+
+def _resume(ckpt: str, change):
+    from rlkit import patches
+
+    if change == "torch AdamW":
+        model, optimizer = _trained()
+    else:
+        model, optimizer = _trained_host(**(change if isinstance(change, dict) else {}))
+    if change == "without offload_views":
+        patches.get("offload_views").revert()
+    _manager(model, optimizer).load_checkpoint(ckpt)
+    return optimizer
+
+
+@pytest.mark.parametrize("field", [*RUN_CHANGES, *SAVED_CHANGES])
+def test_a_resume_that_differs_in_one_checked_field_is_refused_naming_it(host_adamw_checkpoint, field):
+    """Each field the guard checks, changed alone (in this run or in the checkpoint's record): refused before verl
+    loads anything, the refusal naming that field and only it; unchanged, the same run resumes its Adam state."""
+    from rlkit.patches.checkpoint_fingerprint import CheckpointMismatchError
+
+    ckpt, record, saved_optimizer = host_adamw_checkpoint
+    resumed = _resume(ckpt, {})  # the control: nothing differs
+    assert [s["exp_avg"] for s in resumed.state.values()] and all(
+        torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in zip(resumed.state.values(), saved_optimizer.state.values()))
+    change, expected = RUN_CHANGES.get(field) or SAVED_CHANGES[field]
+    if field in SAVED_CHANGES:
+        with open(record) as f:
+            fp = json.load(f)
+        with open(record, "w") as f:
+            json.dump({**fp, **change}, f)
+        change = {}
+    with pytest.raises(CheckpointMismatchError) as refused:
+        _resume(ckpt, change)
+    differences = [line[4:] for line in str(refused.value).splitlines() if line.startswith("  - ")]
+    assert differences == [expected]

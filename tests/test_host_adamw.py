@@ -18,6 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlkit.measure import PhaseTimer
 from rlkit.optim import IMPLS, HostAdamW
+from rlkit.optim.overlap import HostCopies
 
 TORCH_FLAGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
 SHAPES = [(3000,), (40, 17), (7,), (1,)]  # flat FSDP-like, 2-D, tiny, scalar-like
@@ -225,6 +226,51 @@ def test_overlap_copies_without_device_copies_is_the_serial_step():
         overlap.step()
         assert overlap.last_step_overlapped is False
     assert_same_state(overlap, serial, overlap_params, serial_params)
+
+
+def _overlap_params() -> list[torch.nn.Parameter]:
+    """bf16 parameters take the packed copy path (master -> param buffer -> upload), fp32 ones are stepped in place;
+    the copy path comes twice in a row (both buffers in flight) and last (the last upload)."""
+    gen = torch.Generator().manual_seed(3)
+    shapes_dtypes = [((300,), torch.bfloat16), ((40, 17), torch.bfloat16), ((7,), torch.float32),
+                     ((3000,), torch.bfloat16), ((1,), torch.float32), ((5, 11), torch.bfloat16)]
+    return [torch.nn.Parameter(torch.randn(s, generator=gen).to(d)) for s, d in shapes_dtypes]
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["copies-at-issue", "copies-when-waited"])
+def test_overlapped_schedule_is_bit_identical_to_the_serial_step_on_the_cpu(deferred):
+    """The overlapped schedule itself (rlkit.optim.overlap.step_overlapped), on host tensors with a stand-in stream:
+    with copies that complete as soon as they are issued (a buffer overwritten too early shows) and copies that
+    complete only when waited for (a buffer read too early, or a copy never waited for, shows), after gradient
+    clipping as verl does it, every parameter, master and moment equals the serial step's after every step."""
+    runs = {}
+    for overlap in (False, True):
+        params = _overlap_params()
+        streams = HostCopies(deferred=deferred)
+        opt = HostAdamW(params, overlap_copies=overlap, copy_streams=streams, **HYPER)
+        history = []
+        for step in range(STEPS):
+            gen = torch.Generator().manual_seed(1000 + step)
+            for p in params:
+                p.grad = (torch.randn(p.shape, generator=gen) * (1.0 + step)).to(p.dtype)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+            assert norm > 1.0  # the clipping scaled these gradients
+            opt.step()
+            assert opt.last_step_overlapped is overlap
+            history.append([p.detach().clone() for p in params])
+        runs[overlap] = (opt, params, history, streams.copies)
+    (serial, serial_params, serial_history, _), (overlapped, params, history, copies) = runs[False], runs[True]
+    for step, (got, want) in enumerate(zip(history, serial_history, strict=True)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), f"step {step}, parameter {i}: max diff {(a.float() - b.float()).abs().max()}"
+    for i, (a, b) in enumerate(zip(params, serial_params, strict=True)):
+        for key in ("step", "exp_avg", "exp_avg_sq", "master"):
+            if key in serial.state[b]:
+                assert torch.equal(overlapped.state[a][key], serial.state[b][key]), (i, key)
+    # every gradient came down and every packed parameter went up through the stand-in, two buffers per direction
+    packed = sum(p.dtype != torch.float32 for p in params)
+    assert copies == STEPS * (len(params) + packed)
+    assert {"grad0", "grad1", "param0", "param1"} == set(overlapped.staging.nbytes())
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""rlkit.roofline: model FLOPs from the shape (cross-checked with verl's own estimator), the peak table, and a
+"""rlkit.roofline: model FLOPs from the shape (against torch's FlopCounterMode on the tiny model and verl's own estimator),
+the peak table, and a
 committed GRPO run's phases against their limits."""
 import dataclasses
 import json
@@ -9,13 +10,58 @@ from rlkit import grpo, length_model, model_shape, roofline
 from rlkit.env import REPO_ROOT
 
 
-def test_forward_flops_by_hand_for_the_tiny_preset():
+def _counted(lens, *, backward: bool = False) -> dict[str, int]:
+    """FLOPs torch's FlopCounterMode counts on the tiny random-init Qwen3 (eager attention, so that the attention's
+    matmuls are counted too), one sequence at a time: ``linear`` every aten.mm (the projections and the lm_head),
+    ``attention`` the decoder layers' aten.bmm (QK^T and AV, over the full L x L square: no causal mask in the count)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from rlkit.models import build_random_model
+
+    model = build_random_model("tiny", seed=0, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    linear = attention = 0
+    for n in lens:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = model(torch.arange(n).view(1, n)).logits
+            if backward:
+                out.sum().backward()
+        counts = counter.get_flop_counts()
+        linear += sum(v for op, v in counts["Global"].items() if str(op) == "aten.mm")
+        attention += sum(v for name, ops in counts.items() if name.endswith("self_attn")
+                         for op, v in ops.items() if str(op) == "aten.bmm")
+    return {"linear": linear, "attention": attention}
+
+
+def test_forward_flops_agree_with_torchs_flop_counter_on_the_tiny_model():
+    """The linear FLOPs exactly; the attention half of the full square the counter sees (a causal mask leaves
+    half of QK^T and AV to compute, which is what rlkit counts)."""
     s = model_shape.resolve_model("tiny")
-    per_layer = s.hidden * s.q_dim + 2 * s.hidden * s.kv_dim + s.q_dim * s.hidden + 3 * s.hidden * s.intermediate
-    f = roofline.forward_flops(s, [3, 5])
-    assert f["linear"] == 2 * (s.layers * per_layer + s.vocab * s.hidden) * 8
-    assert f["attention"] == 2 * s.layers * s.q_dim * (9 + 25)
-    assert f["total"] == f["linear"] + f["attention"]
+    counted, ours = _counted([3, 5]), roofline.forward_flops(s, [3, 5])
+    assert ours["linear"] == counted["linear"] > 0
+    assert 2 * ours["attention"] == counted["attention"] > 0
+    assert ours["total"] == ours["linear"] + ours["attention"]
+
+
+def test_linear_params_are_the_tiny_models_linear_weights():
+    import torch
+
+    from rlkit.models import build_random_model
+
+    model = build_random_model("tiny", seed=0)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # the lm_head included
+    assert roofline.linear_params(model_shape.resolve_model("tiny")) == weights
+
+
+def test_update_model_flops_are_a_forward_and_a_backward_by_the_flop_counter():
+    s = model_shape.resolve_model("tiny")
+    work = roofline.StepShape(real_lens=(3, 5), padded_lens=(3, 5), gradient_checkpointing=False)
+    update = roofline.compute_limits(s, work, 1e15, update_s=None, log_prob_s=None)["update_actor"]
+    counted = _counted([3, 5], backward=True)
+    assert update["model_flops"] == counted["linear"] + counted["attention"] / 2  # causal half, as above
+    assert update["hardware_flops"] == update["model_flops"]  # no padding, no recompute
 
 
 @pytest.mark.verl
@@ -53,7 +99,10 @@ def test_padding_and_recompute_are_hardware_flops_not_model_flops():
     lim = roofline.compute_limits(s, work, 1e15, update_s=2.0, log_prob_s=None)["update_actor"]
     assert lim["model_flops"] == 3 * roofline.forward_flops(s, [50] * 4)["total"]
     assert lim["hardware_flops"] == 4 * roofline.forward_flops(s, [128] * 4)["total"]
-    assert lim["fraction"] == lim["model_flops"] / 2.0 / 1e15 and lim["limit_s"] == lim["model_flops"] / 1e15
+    # the fraction of the peak: the time the model FLOPs take at the peak over the time they took (2 s)
+    assert lim["fraction"] == pytest.approx(lim["limit_s"] / 2.0, rel=1e-12) and lim["fraction"] < lim["hardware_fraction"]
+    at_twice_the_peak = roofline.compute_limits(s, work, 2e15, update_s=2.0, log_prob_s=None)["update_actor"]
+    assert at_twice_the_peak["limit_s"] == pytest.approx(lim["limit_s"] / 2, rel=1e-12)
     unpadded = roofline.step_shape({**recipe, "use_remove_padding": True}, {"prompt_length/mean": 20.0,
                                                                             "response_length/mean": 30.0})
     assert unpadded.padded_lens == unpadded.real_lens

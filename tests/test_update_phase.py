@@ -17,7 +17,8 @@ def tiny(**overrides):
 
 @pytest.mark.parametrize("profile", ["tiny", "h200"])
 def test_profiles_validate(profile):
-    P.build(U.Config, load_profile(U.NOTEBOOK, profile))
+    values = load_profile(U.NOTEBOOK, profile)
+    assert P.as_dict(P.build(U.Config, values)) == values  # every key known, every value kept as given
 
 
 @pytest.mark.parametrize("overrides, key", [

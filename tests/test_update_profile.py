@@ -53,7 +53,13 @@ def check_summary(metrics, folder):
     assert len(largest) <= metrics["config"]["top_gaps"]
     assert all(g["ms"] > 0 and 0 <= g["start_ms"] and g["start_ms"] + g["ms"] <= window + 1e-6 for g in largest)
     assert [g["ms"] for g in largest] == sorted((g["ms"] for g in largest), reverse=True)
-    assert s["host_syncs"]["count"] >= 0 and s["host_syncs"]["ms"] >= 0
+    # the blocking calls counted are the sync and blocking-copy rows of the per-call table (a CPU trace has none)
+    syncs = s["host_syncs"]
+    blocking = [r for r in syncs["calls"].values() if r["kind"] in ("sync", "blocking_copy")]
+    assert syncs["count"] == sum(r["count"] for r in blocking)
+    assert syncs["ms"] == pytest.approx(sum(r["ms"] for r in blocking))
+    if metrics["config"]["device"] == "cpu":
+        assert syncs["count"] == 0 and not syncs["calls"]  # no CUDA runtime calls in a CPU trace
     # the summary is a function of the exported trace: the kept file gives it again (when it kept the whole update)
     trace = metrics["trace"]
     assert trace["file"] == U.TRACE_FILE and trace["bytes"] <= metrics["config"]["trace_max_mib"] * 2**20
@@ -190,7 +196,7 @@ def test_the_command_line_refuses_without_a_results_folder(tmp_path, capsys):
 
 def test_profiles_validate():
     for values in U.PROFILES.values():
-        P.build(U.Config, values)
+        assert P.as_dict(P.build(U.Config, values)) == values  # every key known, every value kept as given
 
 
 @pytest.mark.gpu

@@ -35,44 +35,23 @@ harness measured the host broadcast of Qwen3-4B's 16 GB fp32 master at 4.9 s per
 (outputs/02_host_adamw/h200), more than the host step itself. Either way every rank receives the owner's
 bits.
 
-Per-node owners (``rank0_owner=True, owners="node"``): on several nodes one owner would send the whole fp32
-master over the network every step. After FSDP's all-reduce every node holds the same gradients, so the lowest
-rank of each node (its local rank 0) runs the same AdamW on the same inputs and gets the same bits; its broadcast
-stays inside the node. The ranks are grouped by :func:`node_id` (gathered once, at construction; every rank of the
-world must build its HostAdamW, as verl does, because each node's group is created on every rank). Owners hold
-identical Adam state; each rank's checkpoint file says whether it holds some (docs/multinode.md).
+Per-node owners (``rank0_owner=True, owners="node"``): one owner per node, broadcasting inside its node
+(:mod:`rlkit.optim.host_ranks`).
 
 Non-finite gradients: verl skips ``step()`` itself when the grad norm is not finite; with
 ``skip_nonfinite=True`` (default) HostAdamW also checks every gradient before touching anything and
 leaves params, master and state (step counter included) untouched if one is not finite.
 
-Checkpoints: ``state_dict()`` holds ``step``, ``exp_avg``, ``exp_avg_sq`` per parameter exactly as
-torch.optim.AdamW does, plus this rank's role (``"host_adamw"``: with ``rank0_owner`` the other ranks' state
-dicts are empty, and ``load_state_dict()`` refuses one saved on a rank with the other role); ``load_state_dict()``
-keeps that state on the host (the base class would move it to the parameters' device). The fp32 master of
-an fp32 parameter equals the parameter after every step, so it is not saved; it is rebuilt from the (restored)
-parameter at the next step. The master of a non-fp32 parameter is not recoverable from it and is saved as
-``state["master"]``. A host-resident parameter is its own master: restoring the parameter restores it. Through
-verl's checkpoint manager (each rank saves and loads its own ``optimizer.state_dict()``):
-``rlkit.patches.checkpoint_fingerprint`` and tests/test_checkpoint_resume.py.
+Checkpoints: ``state_dict()`` holds torch.optim.AdamW's per-parameter state plus this rank's role, and
+``load_state_dict()`` keeps the state on the host and refuses another role's (:mod:`rlkit.optim.host_checkpoint`).
 
 Overlapped copies (``overlap_copies=True``): where every gradient is on a CUDA device, the staging is pinned and
-no broadcast follows the step (no ``rank0_owner``), the copies run on a side CUDA stream beside the host's work:
-the next parameter's gradient comes down while the host steps the current one, and the current one's parameter
-goes up while the host steps the next (two staging buffers per direction, so a buffer is written again only after
-its copy has finished). The arithmetic is the serial step's, parameter by parameter, so the result is bit-identical
-(tests/test_host_adamw.py, on the GPU); the phases ``grad_d2h`` and ``param_h2d`` then time only the waits. Before
-returning, the compute stream is made to wait for the last copies. Anywhere else the option leaves the serial step.
+no broadcast follows the step, the copies run on a side CUDA stream beside the host's work, bit-identical to the
+serial step (:mod:`rlkit.optim.overlap`; tests/test_host_adamw.py runs the same schedule on the CPU with a stand-in
+stream, and on the GPU). Anywhere else the option leaves the serial step.
 
-Host threads: the step runs torch's CPU kernels (the fused AdamW, the fp32 copies) with ``host_threads``
-intra-op threads and restores the process's setting afterwards. By default (``None``) that is the CPUs this
-process may run on, shared between the ranks on this host that step at the same time (all of them, or
-only the rank-0 owner; without the owner the ranks on this host are counted over torch.distributed at
-construction, a collective; several jobs on one host: ``RLKIT_HOST_THREADS`` sets each rank's threads). Why
-not torch's own setting: Ray starts verl's workers with OMP_NUM_THREADS set to
-the CPUs the actor requested, and verl requests none, so torch runs with one thread there and the whole
-host step of a 4B model is single-threaded. The kernels are elementwise, so the result does not depend on
-the thread count (bit-identical; tests/test_host_adamw.py checks 1 against 2 threads).
+Host threads: the step runs torch's CPU kernels with ``host_threads`` intra-op threads (by default this process's
+CPUs shared between the ranks of this host that step; :mod:`rlkit.optim.host_ranks`), bit-identical for any count.
 
 verl: ``actor.optim.optimizer_impl=rlkit.optim actor.optim.optimizer=HostAdamW`` (extra keywords via
 ``override_optimizer_config``); keep ``optimizer_offload=false`` so verl does not ship the host state
@@ -81,22 +60,31 @@ to the device at every ``train_mode`` enter.
 from __future__ import annotations
 
 import inspect
-import os
-import socket
-import sys
-from collections import defaultdict
-from contextlib import contextmanager, nullcontext
-from copy import deepcopy
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.optim.adam import adam as _adam_functional
 
+from rlkit.optim.host_checkpoint import STATE_DICT_KEY, check_role, host_state
+from rlkit.optim.host_ranks import (  # noqa: F401 (some re-exported)
+    HOST_THREADS_ENV,
+    NODE_ID_ENV,
+    _bit_checksum,
+    _check_owners,
+    _default_host_threads,
+    _intra_op_threads,
+    _node_groups,
+    assert_identical,
+    node_id,
+    ranks_on_this_host,
+    resolve_broadcast_device,
+)
+from rlkit.optim.overlap import CudaCopies, step_overlapped
 from rlkit.optim.staging import StagingPool
 
 IMPLS = ("fused", "foreach", "forloop")
-STATE_DICT_KEY = "host_adamw"  # state_dict entry: this rank's role under rank0_owner
 
 if "decoupled_weight_decay" not in inspect.signature(_adam_functional).parameters:  # torch < 2.7
     raise ImportError("rlkit.optim.HostAdamW needs torch.optim.adam.adam(decoupled_weight_decay=...) "
@@ -128,6 +116,9 @@ class HostAdamW(torch.optim.Optimizer):
         over ``process_group``, whose backend must handle it.
     overlap_copies: run the gradient and parameter copies on a side CUDA stream beside the host step (see the
         module docstring; bit-identical); ``False`` (default) the serial step.
+    copy_streams: the streams the overlapped copies run on: ``None`` (default) CUDA's
+        (:class:`rlkit.optim.overlap.CudaCopies`); tests pass :class:`rlkit.optim.overlap.HostCopies` to run the
+        overlapped schedule on the CPU.
     """
 
     def __init__(
@@ -151,6 +142,7 @@ class HostAdamW(torch.optim.Optimizer):
         broadcast_device: str = "auto",
         overlap_copies: bool = False,
         owners: str = "group",
+        copy_streams=None,
     ) -> None:
         _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
         _check_owners(owners, rank0_owner)
@@ -176,14 +168,14 @@ class HostAdamW(torch.optim.Optimizer):
         self._is_owner = True
         if rank0_owner or check_identical_grads:
             self._setup_group(process_group, required=rank0_owner)
-        self._broadcast_device = self._resolve_broadcast_device(broadcast_device) if rank0_owner else None
+        self._broadcast_device = resolve_broadcast_device(broadcast_device, self._owner_group) if rank0_owner else None
         # Host-resident params cross to the other ranks through this device buffer (emptied after each step).
         self._device_staging = (StagingPool(device=self._broadcast_device)
                                 if self._broadcast_device is not None else None)
         self.host_threads = _default_host_threads(rank0_owner) if host_threads is None else host_threads
         self.overlap_copies = bool(overlap_copies)
         self.last_step_overlapped = False  # whether the last step ran its copies beside the host step
-        self._copy_streams: dict[torch.device, Any] = {}  # the side stream per device (overlap_copies)
+        self._copies = CudaCopies() if copy_streams is None else copy_streams  # overlap_copies' streams
 
     # ------------------------------------------------------------------ process group
     def _setup_group(self, process_group, *, required: bool) -> None:
@@ -206,20 +198,6 @@ class HostAdamW(torch.optim.Optimizer):
         if self.rank0_owner:
             self._is_owner = dist.get_rank() == self._owner
 
-    def _resolve_broadcast_device(self, choice: str) -> torch.device | None:
-        if not isinstance(choice, str) or not choice:
-            raise ValueError(f"HostAdamW broadcast_device={choice!r}: expected 'auto', 'host' or a device name "
-                             "such as 'cuda'. Fix: pass one of those.")
-        if choice == "host":
-            return None
-        if choice == "auto":
-            nccl = "nccl" in str(dist.get_backend(self._owner_group))
-            return torch.device("cuda", torch.cuda.current_device()) if nccl and torch.cuda.is_available() else None
-        device = torch.device(choice)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
-
     @property
     def is_owner(self) -> bool:
         """True where Adam state lives: every rank without rank0_owner, rank 0 of the group with it."""
@@ -238,7 +216,7 @@ class HostAdamW(torch.optim.Optimizer):
         work = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
         with self._phase("grad_checks"):
             if self.check_identical_grads and self._comm_group is not None:
-                self._assert_identical_grads(work)
+                assert_identical([p.grad for _, p in work], self._comm_group)
             finite = self._grads_finite(work) if self.skip_nonfinite else True
         if not finite:
             self.last_step_skipped = True
@@ -248,7 +226,7 @@ class HostAdamW(torch.optim.Optimizer):
         self._reserve_staging(work, buffers=2 if self.last_step_overlapped else 1)
         with _intra_op_threads(self.host_threads):
             if self.last_step_overlapped:
-                self._step_overlapped(work)
+                step_overlapped(self, work, self._copies)
             else:
                 for group, p in work:
                     self._step_one(group, p)
@@ -264,9 +242,7 @@ class HostAdamW(torch.optim.Optimizer):
             with self._phase("grad_d2h"):
                 grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
                 grad.copy_(p.grad)
-            with self._phase("host_step"):
-                master, state = self._master_and_state(p, group, in_place)
-                self._adam(group, master, grad, state)
+            master, _ = self._host_step(group, p, grad)
             with self._phase("param_pack"):
                 if not in_place:
                     out.copy_(master)
@@ -279,6 +255,14 @@ class HostAdamW(torch.optim.Optimizer):
         with self._phase("param_h2d"):
             if not in_place:
                 p.copy_(out)
+
+    def _host_step(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """AdamW on ``p``'s host master with ``grad`` (host fp32); (the master, whether it is ``p`` itself)."""
+        in_place = _is_own_master(p)
+        with self._phase("host_step"):
+            master, state = self._master_and_state(p, group, in_place)
+            self._adam(group, master, grad, state)
+        return master, in_place
 
     def _adam(self, group: dict[str, Any], master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """torch's own functional AdamW on one host master (the kernel torch.optim.AdamW runs, see the docstring)."""
@@ -293,54 +277,8 @@ class HostAdamW(torch.optim.Optimizer):
         )
 
     def _can_overlap(self, work) -> bool:
-        return (self.overlap_copies and bool(work) and not self.rank0_owner and self.staging.pinned
-                and all(p.grad.is_cuda for _, p in work))
-
-    def _step_overlapped(self, work) -> None:
-        """The serial step's arithmetic, parameter by parameter, with its copies on a side stream (module docstring)."""
-        device = work[0][1].grad.device
-        compute, copies = torch.cuda.current_stream(device), self._copy_stream(device)
-        copies.wait_stream(compute)  # the gradients are final on the compute stream
-        up_done: list[torch.cuda.Event | None] = [None, None]  # per param buffer: its last upload has finished
-
-        def grad_down(k: int):
-            p = work[k][1]
-            grad = self.staging.view(f"grad{k % 2}", p.numel(), torch.float32).view(p.shape)
-            with torch.cuda.stream(copies):
-                grad.copy_(p.grad, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(copies)
-            return grad, done
-
-        pending = grad_down(0)
-        for k, (group, p) in enumerate(work):
-            grad, down_done = pending
-            if k + 1 < len(work):
-                pending = grad_down(k + 1)  # its buffer was last read by parameter k - 1's host step, finished
-            in_place = _is_own_master(p)
-            with self._phase("grad_d2h"):
-                down_done.synchronize()
-            with self._phase("host_step"):
-                master, state = self._master_and_state(p, group, in_place)
-                self._adam(group, master, grad, state)
-            if in_place:
-                continue
-            with self._phase("param_pack"):
-                if up_done[k % 2] is not None:
-                    up_done[k % 2].synchronize()  # parameter k - 2's upload has read this buffer
-                out = self.staging.view(f"param{k % 2}", p.numel(), p.dtype).view(p.shape)
-                out.copy_(master)
-            with self._phase("param_h2d"), torch.cuda.stream(copies):
-                p.copy_(out, non_blocking=True)
-                up_done[k % 2] = torch.cuda.Event()
-                up_done[k % 2].record(copies)
-        compute.wait_stream(copies)  # the next forward reads the parameters after their uploads
-        copies.synchronize()  # and the staging buffers are free for the next step
-
-    def _copy_stream(self, device: torch.device):
-        if device not in self._copy_streams:
-            self._copy_streams[device] = torch.cuda.Stream(device)
-        return self._copy_streams[device]
+        return (self.overlap_copies and bool(work) and not self.rank0_owner
+                and self._copies.usable(work, self.staging))
 
     def _broadcast_on_device(self, p: torch.Tensor, out: torch.Tensor, in_place: bool) -> None:
         """Rank-0 owner over the device backend: every rank ends with the owner's bits in ``p``."""
@@ -407,19 +345,6 @@ class HostAdamW(torch.optim.Optimizer):
             dist.broadcast(finite, src=self._owner, group=self._owner_host_group)
         return bool(finite.item())
 
-    def _assert_identical_grads(self, work) -> None:
-        """Raise on every rank if any gradient differs across ranks (int64 checksum of the raw bits)."""
-        sums = torch.stack([_bit_checksum(p.grad) for _, p in work]).cpu() if work else torch.zeros(0, dtype=torch.int64)
-        low, high = sums.clone(), sums.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self._comm_group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self._comm_group)
-        differing = (low != high).nonzero().flatten().tolist()
-        if differing:
-            raise RuntimeError(
-                f"HostAdamW(check_identical_grads=True): gradients of parameters {differing[:8]} differ across "
-                f"ranks. rank0_owner needs identical gradients (FSDP NO_SHARD all-reduce). Fix: apply the "
-                f"no_shard patch so FSDP syncs gradients, or pass rank0_owner=False.")
-
     # ------------------------------------------------------------------ accounting
     def adam_state_bytes(self) -> int:
         """Bytes of Adam moments (exp_avg, exp_avg_sq, max_exp_avg_sq, step) held by this rank."""
@@ -473,153 +398,16 @@ class HostAdamW(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Like torch's, but state tensors stay on the host (fp32) instead of moving to the params' device.
-
-        A state dict HostAdamW saved on a rank with the other role (the rank-0 owner's on a rank without state, or
-        a non-owner's, which holds no Adam state, on a rank that steps) is refused: loaded, the owner would restart
-        its moments from zero and the ranks would drift apart without an error."""
-        saved_role = state_dict.get(STATE_DICT_KEY)
-        if saved_role is not None and bool(saved_role.get("is_owner", True)) != self.is_owner:
-            def role(owner: bool, rank0_owner) -> str:
-                return ("holds Adam state" if owner else "holds no Adam state") + f" (rank0_owner={rank0_owner})"
-
-            saved = role(bool(saved_role.get("is_owner")), saved_role.get("rank0_owner"))
-            raise ValueError(
-                f"HostAdamW.load_state_dict: the state dict was saved by a rank that {saved}, and this rank "
-                f"{role(self.is_owner, self.rank0_owner)}. Fix: build the optimizer with the saved rank0_owner and "
-                f"process group, and load each rank's own state dict.")
-        groups, saved_groups = self.param_groups, state_dict["param_groups"]
-        if len(groups) != len(saved_groups):
-            raise ValueError(f"state_dict has {len(saved_groups)} param groups, this optimizer {len(groups)}. "
-                             "Fix: build the optimizer over the same parameter groups as the saved one.")
-        id_to_param: dict[Any, torch.Tensor] = {}
-        for i, (group, saved) in enumerate(zip(groups, saved_groups)):
-            if len(group["params"]) != len(saved["params"]):
-                raise ValueError(f"param group {i}: state_dict has {len(saved['params'])} params, this optimizer "
-                                 f"{len(group['params'])}. Fix: build the optimizer over the same model.")
-            id_to_param.update(zip(saved["params"], group["params"]))
-        state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
-        for param_id, values in state_dict["state"].items():
-            if param_id not in id_to_param:
-                raise ValueError(f"state_dict has state for unknown parameter id {param_id!r}. "
-                                 "Fix: load a state_dict saved from the same model and optimizer.")
-            state[id_to_param[param_id]] = {
-                k: v.detach().to(device="cpu", dtype=torch.float32, copy=True) if torch.is_tensor(v) else deepcopy(v)
-                for k, v in values.items()
-            }
-        self.param_groups = [
-            {**deepcopy({k: v for k, v in saved.items() if k != "params"}), "params": group["params"]}
-            for group, saved in zip(groups, saved_groups)
-        ]
-        self.state = state
+        """Like torch's, but state tensors stay on the host (fp32) instead of moving to the params' device; a state
+        dict saved on a rank with the other role is refused (:func:`rlkit.optim.host_checkpoint.check_role`)."""
+        check_role(state_dict.get(STATE_DICT_KEY), is_owner=self.is_owner, rank0_owner=self.rank0_owner)
+        self.param_groups, self.state = host_state(self.param_groups, state_dict)
         self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
-
-
-HOST_THREADS_ENV = "RLKIT_HOST_THREADS"  # threads per stepping rank, for jobs that share a host with other jobs
-
-
-def _default_host_threads(rank0_owner: bool) -> int:
-    """This process's CPUs, divided among the ranks of this host that run the host step concurrently.
-
-    ``RLKIT_HOST_THREADS`` overrides it: the ranks of one job are counted, other jobs on the host are not.
-    """
-    value = os.environ.get(HOST_THREADS_ENV)
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{HOST_THREADS_ENV}={value!r}: expected a positive number of threads per stepping "
-                             f"rank. Fix: set it to e.g. the host's CPUs divided by the jobs on it, or unset it.")
-        return int(value)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cpus if rank0_owner else max(1, cpus // ranks_on_this_host())
-
-
-def ranks_on_this_host() -> int:
-    """Ranks of the job on this host: counted over torch.distributed when it is up, else the launchers' variables.
-
-    Counted, not read from the environment, because the environment misled where it mattered: in verl's Ray
-    workers (2 ranks on one 32-CPU host) the environment-based default gave each rank all 32 CPUs
-    (outputs/05_grpo_qwen3_4b/1-fixes-hostadamw/metrics.json, host_threads 32). The count is a collective: every rank of
-    the world must build its HostAdamW, as verl and torchrun scripts do.
-    """
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        hosts: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(hosts, socket.gethostname())
-        return hosts.count(socket.gethostname())
-    return max(int(os.environ.get(name) or 1) for name in ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE"))
-
-
-NODE_ID_ENV = "RLKIT_NODE_ID"  # names this process's node where the hostname cannot (several raylets on one host)
-OWNERS = ("group", "node")
-
-
-def node_id() -> str:
-    """The node this process runs on: ``RLKIT_NODE_ID`` if set, else Ray's node id inside a Ray worker, else the
-    hostname. Ray's id first because a Ray node is what verl places ranks on (``trainer.nnodes``), and a node's
-    raylets are told apart by it even where two share a hostname; ray is not imported for this."""
-    if os.environ.get(NODE_ID_ENV):
-        return os.environ[NODE_ID_ENV]
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        return f"ray:{ray.get_runtime_context().get_node_id()}"
-    return socket.gethostname()
-
-
-def _node_groups(group, host_group):
-    """(this node's part of ``group``, its gloo twin, the number of nodes), from every rank's :func:`node_id`.
-
-    ``dist.new_group`` is a collective over the whole world: every rank creates every node's group, in the same order
-    (nodes ordered by their lowest rank)."""
-    ranks = dist.get_process_group_ranks(group)
-    ids: list[str | None] = [None] * len(ranks)
-    dist.all_gather_object(ids, node_id(), group=host_group)
-    members: dict[str, list[int]] = {}
-    for rank, node in zip(ranks, ids):
-        members.setdefault(node, []).append(rank)
-    backend = str(dist.get_backend(group))
-    mine = None
-    for node_ranks in members.values():
-        device_group = dist.new_group(ranks=node_ranks, backend=backend)
-        gloo_group = device_group if "gloo" in backend else dist.new_group(ranks=node_ranks, backend="gloo")
-        if dist.get_rank() in node_ranks:
-            mine = (device_group, gloo_group)
-    return (*mine, len(members))
-
-
-def _check_owners(owners, rank0_owner) -> None:
-    if owners not in OWNERS:
-        raise ValueError(f"HostAdamW owners={owners!r} is not one of {list(OWNERS)}. Fix: 'group' (one owner, rank 0) "
-                         "or 'node' (one owner per node).")
-    if owners == "node" and not rank0_owner:
-        raise ValueError("HostAdamW owners='node' is a mode of the rank-0 owner. Fix: also pass rank0_owner=True, or "
-                         "leave owners='group'.")
-
-
-@contextmanager
-def _intra_op_threads(threads: int):
-    """torch's intra-op thread count set to ``threads`` (0: unchanged) for the block, then restored."""
-    previous = torch.get_num_threads()
-    if threads and threads != previous:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != previous:
-            torch.set_num_threads(previous)
 
 
 def _is_own_master(p: torch.Tensor) -> bool:
     """A host fp32 parameter: its storage already is the fp32 master HostAdamW would keep."""
     return p.device.type == "cpu" and p.dtype == torch.float32
-
-
-_CHECKSUM_CHUNK = 1 << 26  # elements summed at a time: the int64 upcast stays <= 512 MiB
-
-
-def _bit_checksum(t: torch.Tensor) -> torch.Tensor:
-    """Order-independent int64 sum of the raw bits of ``t`` (exact, so equal tensors give equal sums)."""
-    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    bits = t.detach().contiguous().view(-1).view(as_int)
-    return torch.stack([chunk.sum(dtype=torch.int64) for chunk in bits.split(_CHECKSUM_CHUNK)]).sum()
 
 
 def _check_hyperparameters(*, lr, betas, eps, weight_decay, impl) -> None:
