@@ -120,7 +120,8 @@ def train_rank(rank: int, world: int, port: int, owners: str) -> dict:
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from rlkit.optim.host_adamw import HostAdamW, node_id
+    from rlkit.optim.host_adamw import HostAdamW
+    from rlkit.optim.host_ranks import node_id
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

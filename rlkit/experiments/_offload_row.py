@@ -219,7 +219,7 @@ def after_reload(fsdp, input_ids: torch.Tensor, row: dict[str, Any], *, repeat: 
     device, the yardstick for the fixed row's difference from it.
     """
     from rlkit import determinism
-    from rlkit.optim.host_adamw import _bit_checksum
+    from rlkit.optim.host_ranks import _bit_checksum
 
     flat_params = [h.flat_param for h in fsdp_handles(fsdp)]
     start = [p.detach().clone() for p in flat_params] if repeat else None

@@ -275,7 +275,8 @@ def run_arm(message: dict[str, Any]) -> dict[str, Any]:
     from rlkit.cast_count import CastCounter
     from rlkit.experiments import update_phase as U
     from rlkit.measure import GIB, PhaseTimer, host_peak_rss_gib
-    from rlkit.optim.host_adamw import HostAdamW, _bit_checksum
+    from rlkit.optim.host_adamw import HostAdamW
+    from rlkit.optim.host_ranks import _bit_checksum
     from rlkit.patches import cast_once
     from rlkit.patches.master_on_host import HostMasters
 

@@ -265,7 +265,7 @@ def optimizer_step(optimizer, timer) -> None:
 
 def param_checksums(params) -> list[int]:
     """Exact int64 checksums of the raw bits of each parameter (equal tensors -> equal sums)."""
-    from rlkit.optim.host_adamw import _bit_checksum
+    from rlkit.optim.host_ranks import _bit_checksum
 
     return [int(_bit_checksum(p.detach())) for p in params]
 

@@ -68,17 +68,12 @@ import torch.distributed as dist
 from torch.optim.adam import adam as _adam_functional
 
 from rlkit.optim.host_checkpoint import STATE_DICT_KEY, check_role, host_state
-from rlkit.optim.host_ranks import (  # noqa: F401 (some re-exported)
-    HOST_THREADS_ENV,
-    NODE_ID_ENV,
-    _bit_checksum,
+from rlkit.optim.host_ranks import (
     _check_owners,
     _default_host_threads,
     _intra_op_threads,
     _node_groups,
     assert_identical,
-    node_id,
-    ranks_on_this_host,
     resolve_broadcast_device,
 )
 from rlkit.optim.overlap import CudaCopies, step_overlapped
