@@ -2,7 +2,7 @@
 
 A target is judged ("met" / "not met") only on a like-for-like pair:
 
-- the same rlkit commit, the same profile (the workload's shape: :data:`PROFILE_FIELDS`), the same lr, the same
+- the same GPU (a run's ``gpu``, from its env.json, where the caller read it), the same rlkit commit, the same profile (the workload's shape: :data:`PROFILE_FIELDS`), the same lr, the same
   tokens per micro-batch and the same attention path (:data:`SETTING_FIELDS`), apart from the fields the comparison
   is about (``varies``: a padded variant differs from its base in its attention path by design); or
 - for a step-1 comparison only, the two runs saw the same sampled tokens at step 1: step 1's rollout comes before
@@ -55,8 +55,10 @@ def same_step1_sample(a: dict[str, Any], b: dict[str, Any]) -> int | None:
 
 def differences(a: dict[str, Any], b: dict[str, Any], commit_a: str, commit_b: str,
                 varies: tuple[str, ...] = ()) -> list[str]:
-    """What differs between two runs among commit, profile and settings, less the fields in ``varies``."""
+    """What differs between two runs among GPU, commit, profile and settings, less the fields in ``varies``."""
     out = [f"commit {commit_a} against {commit_b}"] if commit_a != commit_b or commit_a in ("", "-") else []
+    if a.get("gpu") != b.get("gpu"):
+        out.append(f"GPU {a.get('gpu')!r} against {b.get('gpu')!r}")
     ra, rb = a["recipe"], b["recipe"]
     for key in (*PROFILE_FIELDS, *SETTING_FIELDS):
         if key not in varies and ra.get(key) != rb.get(key):
@@ -71,7 +73,8 @@ def pair(a: dict[str, Any], b: dict[str, Any], commit_a: str, commit_b: str, *, 
     if not differ:
         return Pairing(True, f"like for like: the same commit ({commit_a}), profile and settings"
                              + (f" apart from {', '.join(varies)}" if varies else ""))
-    tokens = same_step1_sample(a, b) if step1 else None
+    # The same sample on another GPU still times another machine: the step-1 route needs the same GPU.
+    tokens = same_step1_sample(a, b) if step1 and a.get("gpu") == b.get("gpu") else None
     if tokens is not None:
         return Pairing(True, f"like for like at step 1: the same sampled tokens ({tokens:,}) and response mean, though "
                              f"{'; '.join(differ)}")

@@ -61,17 +61,18 @@ def commit_time(sha: str, root: Path = OUTPUTS_DIR) -> int:
 
 def arc_runs(root: Path = OUTPUTS_DIR) -> tuple[str | None, dict[str, dict], dict[str, str]]:
     """(the arc's commit, its runs' metrics by folder name, their commits): the lr-0 seed-workload runs of the commit
-    whose runs cover the most arms, the newer commit on a tie."""
+    and GPU whose runs cover the most arms, the newer commit on a tie. One GPU model only: an arm timed on an H100
+    and another on an H200 are not one arc, even from one commit."""
     loaded, commits = committed_arms(root, prefix=SEED_PREFIX, reruns=True)
-    by_commit: dict[str, list[str]] = {}
+    by_key: dict[tuple[str, str | None], list[str]] = {}
     for name, m in loaded.items():
         if m["recipe"].get("lr") == 0 and commits[name] != "-":
-            by_commit.setdefault(commits[name], []).append(name)
-    if not by_commit:
+            by_key.setdefault((commits[name], m.get("gpu")), []).append(name)
+    if not by_key:
         return None, {}, {}
-    commit = max(by_commit, key=lambda c: (len({split_name(n)[0] for n in by_commit[c]}), commit_time(c, root)))
-    names = sorted(by_commit[commit])
-    return commit, {n: loaded[n] for n in names}, {n: commits[n] for n in names}
+    key = max(by_key, key=lambda k: (len({split_name(n)[0] for n in by_key[k]}), commit_time(k[0], root)))
+    names = sorted(by_key[key])
+    return key[0], {n: loaded[n] for n in names}, {n: commits[n] for n in names}
 
 
 def _trained(metrics: dict) -> bool:
@@ -106,7 +107,7 @@ def seed_arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
     commit, runs, commits = arc_runs(root)
     if commit is None:
         return ["*05_grpo_qwen3_4b: no committed run of the seed's workload at lr 0 yet.*"]
-    r = next(iter(runs.values()))["recipe"]
+    r, gpu = next(iter(runs.values()))["recipe"], next(iter(runs.values())).get("gpu") or "GPU (not recorded)"
     by_arm: dict[str, list[str]] = {a: [] for a in ARMS}
     variants = []
     for name in runs:
@@ -115,7 +116,7 @@ def seed_arc_table(root: Path = OUTPUTS_DIR) -> list[str]:
     header = ("| arm | run | outcome | steps | step (s) | step spread | gen | old_log_prob | update_actor | tokens/s/GPU | "
               "actor peak alloc. (GiB) | planner |")
     lines = [f"**The seed's arc at the seed's workload, commit {commit}: verl 0.9.1 + vLLM 0.24 GRPO, Qwen3-4B (random "
-             f"init), {r['n_gpus']} H200 emulating a {r['emulate_gpu_gib']:g} GiB card** ({r['train_batch_size']} x "
+             f"init), {r['n_gpus']} x {gpu} emulating a {r['emulate_gpu_gib']:g} GiB card** ({r['train_batch_size']} x "
              f"{r['rollout_n']}, prompt <= {r['max_prompt_length']}, response <= {r['max_response_length']} with "
              f"SYNTHETIC lengths of mean {r['response_length_mean']}, {r['ppo_max_token_len_per_gpu']:,} tokens per "
              f"micro-batch, {r['attn_implementation']} without padding, lr {r['lr']:g}; means over steps 2..; every run "

@@ -189,7 +189,9 @@ SEED_PREFIX = "h200-seed-"
 
 def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: str = "") -> tuple[dict[str, dict], dict[str, str]]:
     """Notebook 05's committed runs whose folder is named after an arm of rlkit.grpo.ARMS (``<prefix><arm>`` or
-    ``<prefix><arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics and their commits, by name."""
+    ``<prefix><arm>-<variant>``; with ``reruns``, ``<arm>.session<N>`` too): their metrics (with ``gpu``, the GPU its
+    env.json names) and their commits, by name."""
+    from rlkit.env import gpu_name, read_saved
     from rlkit.grpo import read_results
     from rlkit.recipe import ARMS
 
@@ -197,4 +199,5 @@ def committed_arms(root: Path = OUTPUTS_DIR, *, reruns: bool = False, prefix: st
     names = [p.name for p in committed_runs(folder)
              if any(p.name == prefix + a or p.name.startswith(f"{prefix}{a}-")
                     or (reruns and p.name.startswith(f"{prefix}{a}.session")) for a in ARMS)]
-    return {name: read_results(folder / name) for name in names}, {name: run_commit(folder / name) for name in names}
+    return ({name: {**read_results(folder / name), "gpu": gpu_name(read_saved(folder / name))} for name in names},
+            {name: run_commit(folder / name) for name in names})

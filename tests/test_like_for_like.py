@@ -57,6 +57,39 @@ def test_the_same_step1_sample_admits_a_step1_comparison_only_and_says_so():
     assert not lfl.pair(other, run, "abc1234", "def5678", step1=True).like
 
 
+def test_another_gpu_is_unlike_even_with_the_same_step1_sample():
+    run = {**_metrics(UNPADDED), "gpu": "NVIDIA H200"}
+    other = {**copy.deepcopy(run), "gpu": "NVIDIA H100 80GB HBM3"}
+    assert lfl.pair(run, dict(run), "abc1234", "abc1234", step1=True).like
+    for pairing in (lfl.pair(other, run, "abc1234", "abc1234"), lfl.pair(other, run, "abc1234", "abc1234", step1=True)):
+        assert not pairing.like and "GPU 'NVIDIA H100 80GB HBM3' against 'NVIDIA H200'" in pairing.basis
+        assert lfl.judge(pairing, True) == "not judged"
+
+
+def _set_gpu(root, name: str, gpu: str) -> None:
+    env = root / "05_grpo_qwen3_4b" / name / "env.json"
+    saved = json.loads(env.read_text())
+    env.write_text(json.dumps({**saved, "gpus": [{**saved["gpus"][0], "name": gpu}]}))
+
+
+def test_the_arc_is_one_gpu_model(tmp_path):
+    """Runs of one commit on two GPU models are two arcs: the one covering more arms is the headline, it names its GPU,
+    and arm 5 on the other GPU is neither in its table nor judged against its arm 1."""
+    from rlkit import report_arc
+
+    arm0, arm1, arm5 = "h200-seed-0-stock", "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
+    root = _repo_with(tmp_path, {f"{arm0}.session1": "h200-seed-0-stock.session19",
+                                 f"{arm1}.session1": "h200-seed-1-fixes-hostadamw.session19",
+                                 f"{arm5}.session2": "h200-seed-5-master-on-host-cast-once.session18"})
+    for name in (f"{arm0}.session1", f"{arm1}.session1", f"{arm5}.session2"):
+        _set_commit(root, name, "a" * 40)
+    _set_gpu(root, f"{arm5}.session2", "NVIDIA H100 80GB HBM3")
+    _, runs, _ = report_arc.arc_runs(root)
+    assert sorted(runs) == [f"{arm0}.session1", f"{arm1}.session1"]
+    text = "\n".join(report_arc.seed_arc_table(root))
+    assert "1 x NVIDIA H200 emulating" in text and f"{arm5}.session2" not in text and ": met" not in text
+
+
 def _repo_with(tmp_path, names: dict[str, str]):
     """A git repo whose outputs/05_grpo_qwen3_4b holds committed runs copied under new names."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
