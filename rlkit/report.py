@@ -193,18 +193,18 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
     for name, m in loaded.items():
         means.setdefault(m["recipe"]["response_length_mean"], []).append(commits[name])
     length_means = " or ".join(f"{mean} ({', '.join(sorted(set(c)))})" for mean, c in sorted(means.items()))
-    header = ("| run | commit | attention | logits | tokens/micro-batch | lr | outcome | steps | response mean (min-max) | "
+    header = ("| run | commit | GPU | attention | logits | tokens/micro-batch | lr | outcome | steps | response mean (min-max) | "
               "step (s) | gen | old_log_prob | update_actor | tokens/s/GPU | actor peak alloc. / reserved (GiB) | "
               "device peak used (GiB) | host peak over idle (GiB) | planner |")
     lines = [f"**The seed's workload** (profile `h200-seed` as of each run's commit: prompt <= {first['max_prompt_length']}, response <= "
              f"{first['max_response_length']} with SYNTHETIC lengths, `rlkit.length_model` mean {length_means} by commit; "
-             f"{first['train_batch_size']} x {first['rollout_n']} on {first['n_gpus']} H200 emulating a "
+             f"{first['train_batch_size']} x {first['rollout_n']} on {first['n_gpus']} GPU (the `GPU` column, from each run's env.json) emulating a "
              f"{first['emulate_gpu_gib']:g} GiB card; means over steps 2.., step 1 where it is the only one; "
              "`outputs/05_grpo_qwen3_4b/<run>/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, m in loaded.items():
         r, s = m["recipe"], m.get("summary") or {}
         attention = f"{r.get('attn_implementation', 'sdpa')}, {'unpadded' if r.get('use_remove_padding') else 'padded'}"
-        lines.append(f"| {name} | {commits[name]} | {attention} | {r.get('logits', 'full')} | "
+        lines.append(f"| {name} | {commits[name]} | {short_gpu(m.get('gpu'))} | {attention} | {r.get('logits', 'full')} | "
                      f"{r['ppo_max_token_len_per_gpu']:,} | {r['lr']:g} | {outcome(m)} | "
                      f"{len(training_steps(m.get('steps', [])))} | {fmt(s.get('response_length_mean'), '.0f')} "
                      f"({fmt(s.get('response_length_min'), '.0f')}-{fmt(s.get('response_length_max'), '.0f')}) | "
@@ -222,6 +222,11 @@ def seed_workload_section(root: Path = OUTPUTS_DIR) -> list[str]:
                     "the updates move it differently in each run, so runs that start alike drift apart. Step times of runs "
                     "with different response means are not comparable; tokens/s/GPU is closer to it. The profile now runs at lr 0 "
                     "for that reason (`nbs/params/05_grpo_qwen3_4b.h200-seed.yaml` says why)."]
+
+
+def short_gpu(name: str | None) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100': the model a table's GPU column names ('-' where none is recorded)."""
+    return name.removeprefix("NVIDIA ").split()[0] if name else "-"
 
 
 # issue 23: the seed workload's response-length mean, as a fraction of max_response_length
