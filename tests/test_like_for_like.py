@@ -66,6 +66,38 @@ def test_another_gpu_is_unlike_even_with_the_same_step1_sample():
         assert lfl.judge(pairing, True) == "not judged"
 
 
+def _metrics_at(root, name: str) -> tuple:
+    path = root / "05_grpo_qwen3_4b" / name / "metrics.json"
+    return path, json.loads(path.read_text())
+
+
+def _launch_start(root, name: str) -> float:
+    return lfl.launch_window(_metrics_at(root, name)[1])[0]
+
+
+def _set_launch_start(root, name: str, start: float) -> None:
+    """Move a run's launch on the node's clock (its plugin records' times) to begin at ``start``."""
+    path, m = _metrics_at(root, name)
+    shift = start - lfl.launch_window(m)[0]
+    for record in m["launch"]["plugin_records"]:
+        record["time"] = record["time"] + shift if record.get("time") else record.get("time")
+    path.write_text(json.dumps(m))
+
+
+def test_two_leases_are_unlike_and_the_window_is_the_launches_span():
+    run = _metrics(UNPADDED)
+    later = copy.deepcopy(run)
+    for record in later["launch"]["plugin_records"]:
+        record["time"] = record["time"] + lfl.LEASE_S + 1 if record.get("time") else record.get("time")
+    pairing = lfl.pair(later, run, "abc1234", "abc1234")
+    assert not pairing.like and "not one lease" in pairing.basis and lfl.judge(pairing, True) == "not judged"
+    untimed = copy.deepcopy(run)
+    untimed["launch"]["plugin_records"] = []
+    assert "no launch times recorded" in lfl.pair(untimed, run, "abc1234", "abc1234").basis
+    start, end = lfl.launch_window(_metrics(PADDED))
+    assert end - start >= _metrics(PADDED)["launch"]["wall_s"]
+
+
 def _set_gpu(root, name: str, gpu: str) -> None:
     env = root / "05_grpo_qwen3_4b" / name / "env.json"
     saved = json.loads(env.read_text())
@@ -111,7 +143,7 @@ def test_the_remove_padding_target_is_never_met_on_an_unlike_pair(tmp_path):
     base = "h200-seed-1-fixes-hostadamw"
     root = _repo_with(tmp_path, {base: UNPADDED, f"{base}-padded": PADDED})
     judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
-    assert judged and all("target 1.3x: met (like for like: the same commit" in x for x in judged)
+    assert judged and all("target 1.3x: met (like for like: one lease, the same commit" in x for x in judged)
     _set_commit(root, base, "f" * 40)
     judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
     assert judged and not [x for x in judged if "1.3x: met" in x]
@@ -134,8 +166,13 @@ def test_the_arc_is_one_commit_and_arm_5_is_judged_against_arm_1_of_it(tmp_path)
     assert commit == "aaaaaaa" and sorted(runs) == [f"{arm1}.session1", f"{arm1}.session2", f"{arm5}.session1"]
     text = "\n".join(report_arc.seed_arc_table(root))
     assert f"{arm5}.session0" not in text and "| 2-skip-old-logprob | - | no run at aaaaaaa yet |" in text
-    assert "like for like: the same commit (aaaaaaa)" in text and "step spread 0.0%" in text
+    assert "not like for like: not one lease" in text and "step spread 0.0%" in text  # sessions 18 and 19
+    assert ": met" not in text
     assert "its rank-0 owner is a no-op on one rank" not in text  # arm 4 has no run to note
+
+    _set_launch_start(root, f"{arm5}.session1", _launch_start(root, f"{arm1}.session1"))  # now both in one lease
+    text = "\n".join(report_arc.seed_arc_table(root))
+    assert "like for like: one lease, the same commit (aaaaaaa)" in text
 
     _set_commit(root, f"{arm5}.session1", "b" * 40)  # arm 5 now from another commit: out of the arc, nothing judged
     text = "\n".join(report_arc.seed_arc_table(root))

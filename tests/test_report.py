@@ -225,7 +225,7 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     (line,) = [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
     assert f"update_actor {speed[0]:.0f} against {speed[1]:.0f} tokens/s" in line
     assert f"{speed[1] / speed[0]:.2f}x the variant's" in line
-    assert line.endswith("target 1.3x: met (like for like: the same commit (957fbb3), profile and settings apart from "
+    assert line.endswith("target 1.3x: met (like for like: one lease, the same commit (957fbb3), profile and settings apart from "
                          "attn_implementation, use_remove_padding, ppo_max_token_len_per_gpu).")
     (steps_line,) = [x for x in report.seed_workload_section(root)
                      if x.startswith(f"- `{variant}` against `h200-seed-1-fixes-hostadamw`:")]
