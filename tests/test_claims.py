@@ -373,6 +373,14 @@ LAB_NOTES = [
      lambda: _step1_pair_words()),
     _quote(L, "Still short of issue 24's 40% MFU: 27% at this shape, 32% at the seed's (`...-levers.session12`); the profiled "
            "update's trace bounds it at 38% without fused kernels", GENERATED),
+    _quote(L, "Session 21 asked for an H200, got an H100 whose machine was taken back for other work after one call, then "
+              "waited out the refusals and ran `seed-arm5 seed-arm0` on an NVIDIA H100 80GB HBM3", _session_readme(21)),
+    _quote(L, "step 84.9 s, gen 44.8 s, update_actor 39.0 s, actor peak 32.30 GiB", GENERATED),
+    _quote(L, "the planner within 10% on gen (x1.06) and update_actor (x1.04)", GENERATED),
+    _quote(L, "The H200's arm 5 at 3efa1de took 74.1 s a step, gen 36.8 s", GENERATED),
+    _quote(L, "(the H100's 3.35 TB/s against the H200's 4.8)", "rlkit/roofline.py"),
+    _quote(L, "One lease cannot hold both arm 1 and arm 5 on the H100 (arm 5 alone took 12 min 28 s from launch to exit, "
+              "arm 1 took 14 min 32 s on the H200)", _session_readme(21), _session_readme(19)),
     _quote(L, "The seed's arc from one commit begins: arms 0 and 1 (session 19)", _session_readme(19)),
     _quote(L, "`h200-seed-0-stock.session19`: vLLM refused to start (30.68 GiB free of the 40.29 it asks); the planner put "
            "the free memory at 31.9 GiB", f"{ARMS}/h200-seed-0-stock.session19/verl.log", GENERATED),
@@ -512,6 +520,10 @@ def _no_multinode_run() -> bool:
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
 # a rule of the code, a formula, or the word "failed" naming a folder. Each must still be in its doc.
 NOT_RESULTS = [
+    ("docs/lab-notes.md", "both launches within a device machine's 30-minute hold", "the device service's rule"),
+    ("docs/lab-notes.md", "Only a call naming `nvidia-h100-x1` is sure to get that card", "the device kind's name"),
+    ("docs/lab-notes.md", "The next leases (c6ceef4, pinned tree, `nvidia-h100-x1`;", "a plan"),
+    ("docs/lab-notes.md", "about 2 min of bundle in 30-MiB parts): 1.", "a plan"),
     ("README.md", "2 x 48 GB cards over PCIe, no NVLink", "the target hardware the project is for"),
     ("docs/lab-notes.md", "How the GPU runs went, what failed and what was fixed", "the doc's subject"),
     ("docs/lab-notes.md", "Runs that stopped keep their folder as `<arm>.session<N>.failed/`", "the results folder's rule"),
