@@ -39,7 +39,7 @@ lab: setup
 # verl's own CPU tests from its PyPI sdist, three ways: stock, rlkit installed with nothing selected, every patch
 # selected; fails on a test that passes stock and not with rlkit (results: outputs/verl_compat/<tag>/).
 verl-compat: setup
-	$(BIN)/python -m rlkit.verl_compat $(ARGS)
+	$(BIN)/python -m rlkit.tools.verl_compat $(ARGS)
 
 gpu-test: setup
 	$(BIN)/python -m pytest -m gpu -q

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Reruns the GPU parity checks of notebooks 03 (cast-once + master-on-host, arms A-D), 04 (served vs recomputed
 # old log-probs, and the gradients) and 01 (the offload fix: logits after the reload, one train step) on one
-# GPU in deterministic mode: every measuring child process runs rlkit.determinism.enable (torch's raising
+# GPU in deterministic mode: every measuring child process runs rlkit.measure.determinism.enable (torch's raising
 # torch.use_deterministic_algorithms(True), cuDNN deterministic, no cuDNN benchmark, fixed seeds) with
 # CUBLAS_WORKSPACE_CONFIG=:4096:8 in its environment from the launcher. Each experiment records, per check, the
 # max abs difference patched vs unpatched next to the unpatched run against itself (metrics.json "determinism"),

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs the seed's arms of notebook 05 one after the other on a GPU node, each in a fresh verl launch.
-# usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.recipe.ARMS)
+# usage: scripts/node_grpo_arms.sh <results root> <arm> [<arm> ...]     (arms: rlkit.recipes.grpo.ARMS)
 # RLKIT_PROFILE picks notebook 05's profile (default h200; h200-seed is the seed's workload, issue 23); each
 # arm's results folder is "<profile>-<arm>" for any other profile, so runs of different shapes never share a name.
 # RLKIT_GRPO_ARGS adds -p overrides to every arm's launch, and RLKIT_TAG_SUFFIX names those folders apart, e.g. the
@@ -34,7 +34,7 @@ for arm in "$@"; do
         tests/test_metric_entropy.py tests/test_varlen_attention.py tests/test_chunked_logprobs.py \
         tests/test_compiled_patches.py
   else
-    run_in_session "$prefix$arm$suffix" python3 -m rlkit.grpo launch --profile "$profile" --arm "$arm" \
+    run_in_session "$prefix$arm$suffix" python3 -m rlkit.experiments.grpo launch --profile "$profile" --arm "$arm" \
         "${grpo_args[@]}" --tag "$prefix$arm$suffix" --out "$root"
   fi
   idle_gpus

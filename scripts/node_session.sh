@@ -54,7 +54,7 @@ root=${1:?give a results root}; shift
 [ $# -gt 0 ] || { echo "give one or more jobs (see the header of $0)" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
 
-arm_of() {  # the arm (rlkit.recipe.ARMS) a seed-arm<N> job runs
+arm_of() {  # the arm (rlkit.recipes.grpo.ARMS) a seed-arm<N> job runs
   local arms=(0-stock 1-fixes-hostadamw 2-skip-old-logprob 3-pinned 4-rank0-owner 5-master-on-host-cast-once)
   echo "${arms[$1]}"
 }

@@ -9,9 +9,10 @@ from functools import cache
 
 import yaml
 
-from rlkit import model_shape, report_limits
-from rlkit.env import REPO_ROOT
-from rlkit.results import pct
+from rlkit.models import shape as model_shape
+from rlkit.report import limits as report_limits
+from rlkit.core.env import REPO_ROOT
+from rlkit.core.results import pct
 
 ARMS = "outputs/05_grpo_qwen3_4b"
 PROFILES = "outputs/update_profile"
@@ -106,7 +107,7 @@ def _kind_share(profile: str, kind: str) -> float:
 
 
 def _same_commit(*profiles: str) -> bool:
-    from rlkit.report_notebooks import run_commit
+    from rlkit.report.notebooks import run_commit
 
     return len({run_commit(REPO_ROOT / PROFILES / p) for p in profiles}) == 1
 
@@ -115,14 +116,14 @@ def _host_gap_range() -> str:
     """The node's host peak above idle on the committed 2 x H200 HostAdamW arms, less what the host check counts."""
     import math
 
-    from rlkit import budget
+    from rlkit.planning.host_memory import host_adamw_bytes
 
     shape, gaps = model_shape.resolve_model("qwen3-4b"), []
     for arm in ("1-fixes-hostadamw", "4-rank0-owner", "5-master-on-host-cast-once"):
         m = _arm(arm)
         r, host = m["recipe"], m["launch"]["host_memory"]
-        need = budget.host_adamw_bytes(shape, ranks=r["n_gpus"], rank0_owner=r["host_rank0_owner"],
-                                       master_on_host="master_on_host" in r["patches"], param_offload=r["param_offload"])
+        need = host_adamw_bytes(shape, ranks=r["n_gpus"], rank0_owner=r["host_rank0_owner"],
+                                master_on_host="master_on_host" in r["patches"], param_offload=r["param_offload"])
         gaps.append(host["peak_above_baseline_gib"] - sum(need.values()) / GIB)
     return f"{math.floor(min(gaps))}-{math.ceil(max(gaps))} GiB"
 
@@ -134,7 +135,7 @@ def _failed_runs_say(*needles: str) -> bool:
 
 
 def _limits() -> dict[str, dict]:
-    from rlkit.report_limits import _limits_rows
+    from rlkit.report.limits import _limits_rows
 
     return {name: row for name, _, row in _limits_rows(REPO_ROOT / "outputs")}
 
@@ -149,7 +150,7 @@ def _range(values: list[float]) -> str:
 
 
 def _fastest(shape: str) -> dict:
-    from rlkit.report_limits import fastest_pairs
+    from rlkit.report.limits import fastest_pairs
 
     return next(p for p in fastest_pairs(REPO_ROOT / "outputs") if p["shape"] == shape)
 
@@ -202,7 +203,7 @@ GENERATED = "the generated blocks"  # a source: every generated block of the doc
 
 def _source_text(source: str) -> str:
     if source == GENERATED:
-        from rlkit import report
+        from rlkit.report import sections as report
 
         return "\n".join(report.block(name) for names in report.DOCS.values() for name in names)
     return (REPO_ROOT / source).read_text(errors="replace")
@@ -252,7 +253,7 @@ def _seed_levers_arithmetic() -> tuple[str, ...]:
 
 def _step1_pair_words() -> tuple[str, ...]:
     """Step 1 of the one-GPU pair: the same tokens, and its two gradient norms against arm 5's two sessions'."""
-    from rlkit.verl_logs import training_steps
+    from rlkit.verl.logs import training_steps
 
     pair = _fastest("h200-1gpu")
     first = {n: training_steps(_arm(n)["steps"])[0] for n in (pair["variant"], pair["base"], "5-master-on-host-cast-once",
@@ -295,18 +296,18 @@ def _compiled_profile(field: str) -> bool:
 
 def _padded_plan(tokens: int):
     """The planner for the padded seed arm's own overrides at ``tokens`` per micro-batch."""
-    from rlkit import budget
-    from rlkit.grpo import planner_for_run
+    from rlkit.experiments.estimates import planner_for_run
+    from rlkit.planning import verdict
 
     card, spec, _ = planner_for_run(_arm(PADDED))
-    return card, budget.plan(replace(spec, micro_batch_tokens=tokens, log_prob_micro_batch_tokens=tokens))
+    return card, verdict.plan(replace(spec, micro_batch_tokens=tokens, log_prob_micro_batch_tokens=tokens))
 
 
 def _padded_failure() -> tuple[str, str, int]:
     """The padded seed arm's failure: its kind, the phase and the step it ran out of the card in."""
     from ast import literal_eval
 
-    from rlkit.verl_logs import training_steps
+    from rlkit.verl.logs import training_steps
 
     m = _arm(PADDED)
     failure = m["launch"]["failure"]
@@ -315,14 +316,14 @@ def _padded_failure() -> tuple[str, str, int]:
 
 
 def _same_sample_ratio(variant: str, base: str) -> float:
-    from rlkit.report import _first_step
+    from rlkit.report.seed_workload import _first_step
 
     return _first_step(_arm(base))[1] / _first_step(_arm(variant))[1]
 
 
 def _standalone_bound() -> dict:
     """The HBM bound of the h200-1gpu standalone vLLM run (every weight once per decode step plus the KV cache)."""
-    from rlkit import roofline
+    from rlkit.planning import roofline
 
     m = _json("outputs/_node/vllm_standalone/h200-1gpu/metrics.json")
     g, shape = m["generate"], model_shape.resolve_model(m["shape"]["model"])
@@ -346,10 +347,10 @@ def _bandwidth_words() -> tuple[str, ...]:
 
 
 def _host_overlap_extra_gib() -> float:
-    from rlkit import budget
+    from rlkit.planning.host_memory import host_adamw_bytes
 
     shape = model_shape.resolve_model("qwen3-4b")
-    on, off = (budget.host_adamw_bytes(shape, ranks=2, overlap_copies=o) for o in (True, False))
+    on, off = (host_adamw_bytes(shape, ranks=2, overlap_copies=o) for o in (True, False))
     return (sum(on.values()) - sum(off.values())) / GIB
 
 
@@ -419,12 +420,12 @@ def _session_readme(n: int) -> str:
 
 
 def _outcome_of(arm: str) -> str:
-    from rlkit.grpo import outcome
+    from rlkit.experiments.grpo_runs import outcome
 
     return outcome(_arm(arm))
 
 
 def _steps_trained(arm: str) -> int:
-    from rlkit.verl_logs import training_steps
+    from rlkit.verl.logs import training_steps
 
     return len(training_steps(_arm(arm)["steps"]))

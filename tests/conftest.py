@@ -79,11 +79,11 @@ def fresh_paths(root: str, *names: str):
 
 
 def committed_runs(folder):
-    """The run folders under ``folder`` whose metrics.json git tracks (rlkit.results.committed_runs): the
+    """The run folders under ``folder`` whose metrics.json git tracks (rlkit.core.results.committed_runs): the
     committed results a test may read, never a local run such as the tiny/ folders ``make demo`` writes. Skips,
     saying why, where git cannot tell them apart (a copy of the tree without .git)."""
-    from rlkit.results import NotACheckout
-    from rlkit.results import committed_runs as runs
+    from rlkit.core.results import NotACheckout
+    from rlkit.core.results import committed_runs as runs
 
     try:
         return runs(folder)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlkit.env import REPO_ROOT
+from rlkit.core.env import REPO_ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -299,7 +298,7 @@ def arms_select(driver) -> Select:
 
 
 def test_05_arms_explorer_through_an_empty_selection_and_a_second_render(lab, browser):
-    from rlkit.grpo import read_arms
+    from rlkit.experiments.grpo_runs import read_arms
 
     folder = RESULTS["05_grpo_qwen3_4b"]
     before = listing(folder)

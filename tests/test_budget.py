@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import budget as B
-from rlkit import model_shape as MS
+from rlkit.core.params import ParamError
 from rlkit.experiments import phase_budget as PB
-from rlkit.params import ParamError
+from rlkit.models import shape as MS
+from rlkit.planning import budget as B
+from rlkit.planning import cost, verdict
 
 GIB = 2**30
 
@@ -82,7 +83,7 @@ def test_parameter_count_from_shapes(name, count):
 
 def test_parameter_count_matches_a_real_transformers_model():
     torch = pytest.importorskip("torch")
-    from rlkit.models import build_random_model, count_parameters
+    from rlkit.models.qwen import build_random_model, count_parameters
 
     model = build_random_model("tiny", dtype=torch.float32)
     assert MS.resolve_model("tiny").params == count_parameters(model)
@@ -126,7 +127,7 @@ def test_toy_plan_hand_computed_bytes():
     per_layer = 4 * 8 + 3 * 8 + 3 * 4 + 4 * 16  # elements per token
     assert upd["activations"] == 2 * 16 * 8 * 2 + 16 * per_layer * 2
     assert upd["logits"] == 16 * 32 * 10
-    assert dev["log_prob"]["logits"] == 32 * 32 * 10
+    assert dev["log_prob"]["logits"] == 32 * 32 * 14
     assert dev["optimizer_step"]["adam_moments"] == 8 * P  # optimizer_offload loads Adam back for the step
     assert dev["rollout"]["master_fp32"] == 0 and dev["rollout"]["stale_offload_copy"] == 0
     assert dev["rollout"]["kv_pool"] == 0.5 * GIB - 2 * P - 0.25 * GIB - 0.125 * GIB
@@ -163,7 +164,7 @@ def test_toy_plan_rlkit_options():
     assert dev["optimizer_step"]["compute_copy_bf16"] == 2 * P  # cast-once copy resident until the step
     assert host["update_fwd_bwd"] == {"master_fp32": 4 * P, "adam_moments": 8 * P, "staging_pinned": 8 * largest}
     assert d["bf16_casts_per_step"] == 3
-    p = B.plan(spec, s)
+    p = verdict.plan(spec, s)
     # rank-0 owner: the other rank holds the host master but no Adam state and no staging
     assert p.host_other_rank_gib["update_fwd_bwd"] == pytest.approx(4 * P / GIB)
     assert p.host_node_peak_gib == pytest.approx((4 * P + 8 * P + 8 * largest + 4 * P) / GIB)
@@ -179,22 +180,22 @@ def test_lora_only_adapters_get_grads_and_adam():
 
 def test_stale_offload_copy_makes_vllm_refuse_to_start():
     spec = B.PlanSpec(model="qwen3-4b", gpu_gib=139.8, n_gpus=1, gpu_memory_utilization=0.9)
-    p = B.plan(spec)
+    p = verdict.plan(spec)
     assert p.verdict == "vLLM refuses to start" and "stale_offload_copy" in p.binding
-    assert B.plan(replace(spec, offload_views=True)).verdict != "vLLM refuses to start"
+    assert verdict.plan(replace(spec, offload_views=True)).verdict != "vLLM refuses to start"
 
 
 def test_seed_setup_full_finetune_oom_in_optimizer_step_without_host_step():
     spec = B.PlanSpec(logits_path="flash_ce", offload_views=True)
-    assert B.plan(spec).verdict == "OOM in optimizer_step"
+    assert verdict.plan(spec).verdict == "OOM in optimizer_step"
     full = B.with_options(spec, "offload_views,cpu_optimizer_step,rank0_owner,master_on_host,cast_once,skip_old_logprob")
-    p = B.plan(full)
+    p = verdict.plan(full)
     assert p.device_gib["optimizer_step"].get("adam_moments", 0) == 0
-    assert p.device_total_gib["update_fwd_bwd"] < B.plan(spec).device_total_gib["update_fwd_bwd"]
+    assert p.device_total_gib["update_fwd_bwd"] < verdict.plan(spec).device_total_gib["update_fwd_bwd"]
 
 
 def test_kv_pool_and_concurrency():
-    p = B.plan(B.PlanSpec(model="qwen2.5-0.5b", gpu_gib=80, n_gpus=1, gpu_memory_utilization=0.6,
+    p = verdict.plan(B.PlanSpec(model="qwen2.5-0.5b", gpu_gib=80, n_gpus=1, gpu_memory_utilization=0.6,
                           max_prompt_length=256, max_response_length=256, train_batch_size=32, group_size=8,
                           micro_batch_tokens=2048, log_prob_micro_batch_tokens=2048, cudagraph_gib=3.0,
                           non_torch_gib=0.0, offload_views=True))
@@ -206,7 +207,7 @@ def test_kv_pool_and_concurrency():
 
 
 def test_no_kv_cache_verdict():
-    p = B.plan(B.PlanSpec(model="qwen3-8b", gpu_gib=24, gpu_memory_utilization=0.3, offload_views=True))
+    p = verdict.plan(B.PlanSpec(model="qwen3-8b", gpu_gib=24, gpu_memory_utilization=0.3, offload_views=True))
     assert p.verdict == "no KV cache" and not p.fits
 
 
@@ -243,10 +244,10 @@ def test_model_from_config_json_path(tmp_path):
 
 def test_cost_metric():
     # The document's examples: 1, 2, 4 GPUs x $2.50/GPU-hour x 5 days.
-    assert [B.run_cost(n, 2.5, 120) for n in (1, 2, 4)] == [300.0, 600.0, 1200.0]
-    assert B.cost_per_million_samples(2, 2.5, 120, 3_000_000) == pytest.approx(200.0)
+    assert [cost.run_cost(n, 2.5, 120) for n in (1, 2, 4)] == [300.0, 600.0, 1200.0]
+    assert cost.cost_per_million_samples(2, 2.5, 120, 3_000_000) == pytest.approx(200.0)
     with pytest.raises(ParamError, match="samples"):
-        B.cost_per_million_samples(1, 2.5, 1, 0)
+        cost.cost_per_million_samples(1, 2.5, 1, 0)
     rc, out = run_cli(["--cost", "--n-gpus", "2", "--price-per-gpu-hour", "2.5", "--hours", "120",
                        "--samples", "3e6", "--json"])
     assert rc == 0 and json.loads(out)["cost_per_million_samples"] == pytest.approx(200.0)
@@ -264,7 +265,8 @@ def test_cli_plan_json_and_exit_status():
 
 
 def test_budget_module_does_not_import_torch():
-    code = ("import sys, rlkit.budget as b, rlkit.experiments.phase_budget as pb; b.plan(b.PlanSpec()); "
+    code = ("import sys, rlkit.planning.budget as b, rlkit.planning.verdict as v, rlkit.experiments.phase_budget as pb; "
+            "v.plan(b.PlanSpec()); "
             "pb.run(pb.Config(**NB)); assert 'torch' not in sys.modules")
     nb = {"model": "qwen3-4b", "gpu_gib": 47.4, "n_gpus": 2, "gpu_memory_utilization": 0.85, "max_prompt_length": 2048,
               "max_response_length": 10240, "train_batch_size": 32, "group_size": 8, "micro_batch_tokens": 24576,
@@ -277,8 +279,8 @@ def test_budget_module_does_not_import_torch():
 def test_notebook_run_metrics():
     import yaml
 
-    from rlkit.params import build
-    from rlkit.results import PARAMS_DIR
+    from rlkit.core.params import build
+    from rlkit.core.results import PARAMS_DIR
 
     values = yaml.safe_load((PARAMS_DIR / f"{PB.NOTEBOOK}.tiny.yaml").read_text())
     cfg = build(PB.Config, values)
@@ -292,7 +294,7 @@ def test_notebook_run_metrics():
 def test_update_entropy_recomputed_in_backward_costs_six_bytes_per_logit():
     base = B.PlanSpec(micro_batch_tokens=4096)
     shape = MS.resolve_model(base.model)
-    logits = {mode: B.plan(replace(base, update_entropy=mode)).device_gib["update_fwd_bwd"]["logits"]
+    logits = {mode: verdict.plan(replace(base, update_entropy=mode)).device_gib["update_fwd_bwd"]["logits"]
               for mode in B.UPDATE_ENTROPY_BYTES}
     assert logits["detached"] == logits["none"]
     assert logits["backprop"] - logits["none"] == pytest.approx(6 * 4096 * shape.vocab / B.GIB)
@@ -325,20 +327,20 @@ def test_chunked_logits_paths_hand_computed_bytes():
 def test_logits_paths_at_the_seed_workload():
     """Qwen3-4B (vocab 151,936, hidden 2,560), 24,576 tokens per update micro-batch."""
     spec = B.PlanSpec()
-    gib = B.update_logits_gib(spec, ("torch_rowwise", "chunked_logprobs", "verl_fused"))
+    gib = verdict.update_logits_gib(spec, ("torch_rowwise", "chunked_logprobs", "verl_fused"))
     V, H = 151936, 2560
     assert gib["torch_rowwise"] == pytest.approx(24576 * V * 8 / GIB)  # 27.82
     rows = B.CHUNKED_LOGITS["chunked_logprobs"]["chunk_rows"]  # rlkit's patch: 2048
     assert gib["chunked_logprobs"] == pytest.approx((rows * V * 8 + 4 * V * H) / GIB)  # 2.32 + 1.45
     assert gib["verl_fused"] == pytest.approx((512 * V * 24 + 4 * V * H) / GIB)  # 1.74 + 1.45
-    p = B.plan(B.PlanSpec(logits_path="chunked_logprobs"))
+    p = verdict.plan(B.PlanSpec(logits_path="chunked_logprobs"))
     assert p.device_gib["update_fwd_bwd"]["logits"] == pytest.approx(gib["chunked_logprobs"])
-    assert "logits path chunked_logprobs" in B.format_plan(p)
+    assert "logits path chunked_logprobs" in verdict.format_plan(p)
 
 
 def test_chunk_rows_are_the_patchs():
     pytest.importorskip("torch")
-    from rlkit.patches import chunked_logprobs
+    from rlkit.patches.kernels import chunked_logprobs
 
     assert B.CHUNKED_LOGITS["chunked_logprobs"]["chunk_rows"] == chunked_logprobs.CHUNK_ROWS
 
@@ -355,7 +357,7 @@ def test_padded_and_unpadded_micro_batches_hand_computed():
     assert dev["update_fwd_bwd"]["activations"] == 2 * 32 * 8 * 2 + 32 * per_layer * 2
     assert dev["update_fwd_bwd"]["logits"] == 32 * 32 * 10
     # the forward-only budget (32 tokens) is a whole step per GPU here: 4 prompts x 2 x 8 tokens / 2 GPUs = 32
-    assert d["log_prob_positions"] == 32 * 2 and dev["log_prob"]["logits"] == 64 * 32 * 10
+    assert d["log_prob_positions"] == 32 * 2 and dev["log_prob"]["logits"] == 64 * 32 * 14
     assert d["micro_batches_per_step"] == 2  # 32 actual tokens per GPU / 16
     unpadded = B.phase_components(replace(padded, remove_padding=True), s)
     assert unpadded[2]["update_positions"] == 16 and unpadded[0]["update_fwd_bwd"]["logits"] == 16 * 32 * 10
@@ -376,7 +378,7 @@ def test_chunked_logits_paths_match_the_measured_peak():
     gradient (rows x hidden x 2 B) is the only other tensor. Within 3 %, at two micro-batch sizes."""
     torch = pytest.importorskip("torch")
     verl_kernels = pytest.importorskip("verl.utils.experimental.torch_functional")
-    from rlkit.patches.chunked_logprobs import chunked_linear_logprobs
+    from rlkit.patches.kernels.chunked_logprobs import chunked_linear_logprobs
 
     shape = MS.resolve_model("qwen3-4b")
     V, H, dev = shape.vocab, shape.hidden, "cuda"
@@ -433,15 +435,15 @@ def _seed_arm5() -> B.PlanSpec:
 def test_the_most_selective_layers_is_the_largest_count_that_fits():
     """At arm 5's seed workload: the count that fits and one more that does not."""
     spec = _seed_arm5()
-    n = B.most_selective_layers(spec)
+    n = verdict.most_selective_layers(spec)
     assert 0 < n < 36
-    assert B.plan(replace(spec, selective_layers=n)).fits and not B.plan(replace(spec, selective_layers=n + 1)).fits
-    assert B.most_selective_layers(replace(spec, gpu_gib=139.8, gpu_memory_utilization=0.3)) == 36  # the H200 itself
-    assert B.most_selective_layers(replace(spec, gradient_checkpointing=False)) == 0
+    assert verdict.plan(replace(spec, selective_layers=n)).fits and not verdict.plan(replace(spec, selective_layers=n + 1)).fits
+    assert verdict.most_selective_layers(replace(spec, gpu_gib=139.8, gpu_memory_utilization=0.3)) == 36  # the H200 itself
+    assert verdict.most_selective_layers(replace(spec, gradient_checkpointing=False)) == 0
 
 
 def test_arm5_at_the_seeds_workload_still_starts_vllm_at_a_larger_kv_pool():
     """scripts/node_session.sh's seed-util: gpu_memory_utilization 0.95 instead of 0.85 still fits (vLLM starts
     beside the actor's rollout residue) and gives the KV pool more sequences."""
-    base, more = B.plan(_seed_arm5()), B.plan(replace(_seed_arm5(), gpu_memory_utilization=0.95))
+    base, more = verdict.plan(_seed_arm5()), verdict.plan(replace(_seed_arm5(), gpu_memory_utilization=0.95))
     assert base.fits and more.fits and more.max_concurrent_seqs > base.max_concurrent_seqs

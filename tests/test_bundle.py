@@ -9,7 +9,8 @@ import zipfile
 
 import pytest
 
-from rlkit import bundle as B
+from rlkit.tools import bundle as B
+from rlkit.tools import bundle_archive as A
 
 
 def test_decide_brings_missing_and_mismatched_and_keeps_node_torch():
@@ -48,10 +49,10 @@ def test_pack_split_join_install_round_trip(tmp_path, compress):
     wheels.mkdir()
     wheel = _wheel(wheels)
     (wheels / "stale-0.1-py3-none-any.whl").write_bytes(b"not in the plan: pack must not see it")
-    manifest = B.pack([wheel], tmp_path / "parts", split_mib=1, compress=compress)
+    manifest = A.pack([wheel], tmp_path / "parts", split_mib=1, compress=compress)
     assert manifest["wheels"] == ["rlkitbundletoy-1.0-py3-none-any.whl"]
     target = tmp_path / "site"
-    assert B.install(tmp_path / "parts", target) == manifest["wheels"]
+    assert A.install(tmp_path / "parts", target) == manifest["wheels"]
     out = subprocess.run([sys.executable, "-c", "import rlkitbundletoy; print(rlkitbundletoy.VALUE)"],
                          env={"PYTHONPATH": str(target)}, capture_output=True, text=True)
     assert out.stdout.strip() == "42", out.stderr
@@ -63,15 +64,15 @@ def test_parts_are_split_at_the_limit_and_corruption_is_caught(tmp_path):
     wheel = _wheel(wheels)
     with zipfile.ZipFile(wheel, "a") as zf:  # make the archive larger than one 1 MiB part
         zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
-    manifest = B.pack([wheel], tmp_path / "parts", split_mib=1, compress=False)
+    manifest = A.pack([wheel], tmp_path / "parts", split_mib=1, compress=False)
     assert len(manifest["parts"]) == 2 and manifest["parts"][0]["bytes"] == 2**20
     part = tmp_path / "parts" / manifest["parts"][1]["name"]
     part.write_bytes(part.read_bytes()[:-1] + b"X")
-    with pytest.raises(B.BundleError, match="corrupt"):
-        B.join_and_verify(tmp_path / "parts", tmp_path)
+    with pytest.raises(A.BundleError, match="corrupt"):
+        A.join_and_verify(tmp_path / "parts", tmp_path)
     part.unlink()
-    with pytest.raises(B.BundleError, match="missing"):
-        B.join_and_verify(tmp_path / "parts", tmp_path)
+    with pytest.raises(A.BundleError, match="missing"):
+        A.join_and_verify(tmp_path / "parts", tmp_path)
 
 
 def test_resplit_recuts_the_parts_and_the_bundle_still_installs(tmp_path):
@@ -81,15 +82,15 @@ def test_resplit_recuts_the_parts_and_the_bundle_still_installs(tmp_path):
     with zipfile.ZipFile(wheel, "a") as zf:
         zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
     parts = tmp_path / "parts"
-    before = B.pack([wheel], parts, split_mib=2, compress=False)
+    before = A.pack([wheel], parts, split_mib=2, compress=False)
     assert len(before["parts"]) == 1
     assert B.main(["resplit", "--parts", str(parts), "--split-mib", "1"]) == 0
-    after = json.loads((parts / B.MANIFEST).read_text())
+    after = json.loads((parts / A.MANIFEST).read_text())
     assert [p["bytes"] for p in after["parts"]][0] == 2**20 and len(after["parts"]) == 2
     assert sorted(p.name for p in parts.glob("*.part*")) == [p["name"] for p in after["parts"]]  # no stale part
     assert {k: after[k] for k in ("archive", "sha256", "bytes", "wheels")} == \
         {k: before[k] for k in ("archive", "sha256", "bytes", "wheels")}
-    assert B.install(parts, tmp_path / "site") == before["wheels"]
+    assert A.install(parts, tmp_path / "site") == before["wheels"]
     assert B.main(["resplit", "--parts", str(parts), "--split-mib", "0"]) == 1
 
 
@@ -121,7 +122,7 @@ def _two_part_bundle(tmp_path):
     with zipfile.ZipFile(wheel, "a") as zf:  # larger than one 1 MiB part
         zf.writestr("rlkitbundletoy/blob.bin", bytes(range(256)) * 6000)
     parts = tmp_path / "parts"
-    manifest = B.pack([wheel], parts, split_mib=1, compress=False)
+    manifest = A.pack([wheel], parts, split_mib=1, compress=False)
     assert len(manifest["parts"]) == 2
     return parts, manifest
 
@@ -143,8 +144,8 @@ def _flip_last_byte(part):
      r"part wheels\.tar\.part001 is corrupt \(SHA-256 mismatch\); copy it again"),  # a transfer cut short
     (lambda parts, m: (parts / m["parts"][0]["name"]).unlink(),
      r"part wheels\.tar\.part000 is missing from .*; copy every part listed in manifest\.json"),
-    (lambda parts, m: (parts / B.MANIFEST).unlink(), r"manifest\.json not found: is .* a bundle made by `rlkit bundle build`"),
-    (lambda parts, m: (parts / B.MANIFEST).write_text(json.dumps({**m, "parts": m["parts"][::-1]})),
+    (lambda parts, m: (parts / A.MANIFEST).unlink(), r"manifest\.json not found: is .* a bundle made by `rlkit bundle build`"),
+    (lambda parts, m: (parts / A.MANIFEST).write_text(json.dumps({**m, "parts": m["parts"][::-1]})),
      r"the joined archive does not match the manifest's SHA-256; parts are out of order or stale"),
 ])
 def test_a_damaged_or_missing_part_fails_the_install_and_leaves_the_target_untouched(tmp_path, capsys, damage, message):
@@ -152,14 +153,14 @@ def test_a_damaged_or_missing_part_fails_the_install_and_leaves_the_target_untou
     parts in another order: the error names the part and the fix, the command exits 1, and neither an existing
     target (its files byte for byte) nor a new one (not created) is touched."""
     parts, manifest = _two_part_bundle(tmp_path)
-    assert B.install(parts, tmp_path / "before-damage") == manifest["wheels"]  # the intact bundle installs
+    assert A.install(parts, tmp_path / "before-damage") == manifest["wheels"]  # the intact bundle installs
     damage(parts, manifest)
     existing = tmp_path / "site"
     existing.mkdir()
     (existing / "other_package.py").write_text("KEPT = True\n")
     before = _tree(existing)
-    with pytest.raises(B.BundleError, match=message):
-        B.install(parts, existing)
+    with pytest.raises(A.BundleError, match=message):
+        A.install(parts, existing)
     assert _tree(existing) == before
     fresh = tmp_path / "new-site"
     assert B.main(["install", "--from", str(parts), "--target", str(fresh)]) == 1

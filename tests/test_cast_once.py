@@ -14,12 +14,12 @@ from conftest import gloo_world_of_one
 from torch.distributed.fsdp._flat_param import FlatParamHandle
 
 from rlkit import patches
-from rlkit.cast_count import CastCounter
+from rlkit.core.params import ParamError, build
 from rlkit.experiments import cast_once as experiment
 from rlkit.experiments import update_phase as U
-from rlkit.params import ParamError, build
-from rlkit.patches import cast_once
-from rlkit.patches.master_on_host import HostMasters, fsdp_handles
+from rlkit.patches.fsdp import cast_once
+from rlkit.patches.fsdp.master_on_host import HostMasters, fsdp_handles
+from rlkit.patches.instruments.cast_count import CastCounter
 
 LR = 1e-2
 SEQ = 16
@@ -206,7 +206,7 @@ def test_apply_and_revert_restore_fsdp():
 @pytest.mark.gpu
 def test_on_cuda_the_master_is_cast_from_the_host_and_arms_stay_bit_exact():
     # Parity across arms needs deterministic kernels; cuBLAS reads its setting when its handle is created. The
-    # raising mode: with warn_only=True torch keeps the non-deterministic attention backward (rlkit.determinism).
+    # raising mode: with warn_only=True torch keeps the non-deterministic attention backward (rlkit.measure.determinism).
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     try:
@@ -228,7 +228,7 @@ def test_on_cuda_the_master_is_cast_from_the_host_and_arms_stay_bit_exact():
     ({"device": "tpu"}, "device"),
 ])
 def test_config_errors_name_the_key(override, key):
-    from rlkit.results import load_profile
+    from rlkit.core.results import load_profile
 
     values = {**load_profile(experiment.NOTEBOOK, "tiny"), **override}
     values.pop("noise_dir")  # notebook-only: left in, its own error (which lists every key) would match any key
@@ -237,7 +237,7 @@ def test_config_errors_name_the_key(override, key):
 
 
 def test_verl_offload_cycle_adopts_the_host_masters_and_matches_the_baseline():
-    """The cycle verl's param offload runs with master_on_host wired in (rlkit.patches.master_on_host_verl):
+    """The cycle verl's param offload runs with master_on_host wired in (rlkit.patches.verl.master_on_host_verl):
     masters already on the host are adopted (no copy), FSDP computes from casts of them, the host optimizer
     steps them in place, and release leaves them where verl's offload expects them."""
     reference = train("A", host_adamw=True)

@@ -41,7 +41,7 @@ def single_process(request, monkeypatch):
 def guard_and_patch():
     """The guard and one real patch (offload_views: a run with a selection), restored to their states afterwards."""
     from rlkit import patches
-    from rlkit.patches import checkpoint_fingerprint
+    from rlkit.patches.guards import checkpoint_fingerprint
 
     pair = [checkpoint_fingerprint.PATCH, patches.get("offload_views")]
     was = [p.active() for p in pair]
@@ -51,7 +51,7 @@ def guard_and_patch():
 
 
 def _trained():
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     model = build_random_model("tiny", seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -76,7 +76,7 @@ def test_a_patched_save_and_resume_in_one_process_and_an_unpatched_resume_is_ref
         single_process, guard_and_patch, tmp_path, monkeypatch, capfd):
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from rlkit.patches.checkpoint_fingerprint import FILENAME, CheckpointMismatchError
+    from rlkit.patches.guards.checkpoint_fingerprint import FILENAME, CheckpointMismatchError
 
     stock_load = FSDPCheckpointManager.load_checkpoint
     for p in guard_and_patch:
@@ -118,7 +118,7 @@ def test_a_patched_save_and_resume_in_one_process_and_an_unpatched_resume_is_ref
 def test_an_unpatched_checkpoint_stays_verls_own(single_process, guard_and_patch, tmp_path):
     """The guard in a run whose fingerprint says unpatched (here: the guard alone, torch's AdamW) writes no file and no
     trip-wire: the optimizer file is the plain dict verl writes, loadable without rlkit."""
-    from rlkit.patches.checkpoint_fingerprint import FILENAME
+    from rlkit.patches.guards.checkpoint_fingerprint import FILENAME
 
     guard, _ = guard_and_patch
     guard.apply()
@@ -138,7 +138,7 @@ def _host_adamw(model, **options):
 
 
 def _trained_host(**options):
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     model = build_random_model("tiny", seed=0)
     optimizer = _host_adamw(model, **options)
@@ -170,7 +170,7 @@ SAVED_CHANGES = {
 
 
 def test_every_checked_field_is_covered_here():
-    from rlkit.patches.checkpoint_fingerprint import CHECKED
+    from rlkit.patches.guards.checkpoint_fingerprint import CHECKED
 
     assert set(RUN_CHANGES) | set(SAVED_CHANGES) == set(CHECKED)
 
@@ -178,7 +178,7 @@ def test_every_checked_field_is_covered_here():
 @pytest.fixture
 def host_adamw_checkpoint(guard_and_patch, tmp_path):
     """A checkpoint of a patched run with HostAdamW's rank-0 owner, saved through verl's manager (a gloo world of one)."""
-    from rlkit.patches.checkpoint_fingerprint import FILENAME
+    from rlkit.patches.guards.checkpoint_fingerprint import FILENAME
 
     with gloo_world_of_one():
         for p in guard_and_patch:
@@ -206,7 +206,7 @@ def _resume(ckpt: str, change):
 def test_a_resume_that_differs_in_one_checked_field_is_refused_naming_it(host_adamw_checkpoint, field):
     """Each field the guard checks, changed alone (in this run or in the checkpoint's record): refused before verl
     loads anything, the refusal naming that field and only it; unchanged, the same run resumes its Adam state."""
-    from rlkit.patches.checkpoint_fingerprint import CheckpointMismatchError
+    from rlkit.patches.guards.checkpoint_fingerprint import CheckpointMismatchError
 
     ckpt, record, saved_optimizer = host_adamw_checkpoint
     resumed = _resume(ckpt, {})  # the control: nothing differs

@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 from conftest import fresh_paths, spawn_two_ranks
 
-from rlkit import verl_job
+from rlkit.recipes import job as verl_job
 
 pytestmark = pytest.mark.verl
 
-# The patches of the seed's last arm (rlkit.recipe.ARMS["5-master-on-host-cast-once"]), in the plugin's terms.
+# The patches of the seed's last arm (rlkit.recipes.grpo.ARMS["5-master-on-host-cast-once"]), in the plugin's terms.
 SELECTION = ["offload_views", "no_shard", "skip_old_logprob", "metric_entropy", "master_on_host", "cast_once"]
 STEPS, SAVE_AT = 4, 2
 LR, SEQ, SEQUENCES, MICRO_BATCHES = 1e-2, 16, 8, 2
@@ -46,14 +46,14 @@ LR, SEQ, SEQUENCES, MICRO_BATCHES = 1e-2, 16, 8, 2
 def _init(rank: int, world: int, store: str, device: str, selection) -> None:
     """The rank's process as a verl worker sees it: the plugin applies ``selection`` and the checkpoint guard."""
     os.environ["RLKIT_PATCHES"] = ",".join(selection)
-    # as the launcher sets it (rlkit.verl_job.launch_env): the plugin also loads where rlkit is on PYTHONPATH
+    # as the launcher sets it (rlkit.recipes.job.launch_env): the plugin also loads where rlkit is on PYTHONPATH
     # but not pip-installed, as on the offline GPU node, where the entry point alone left it unloaded
     os.environ["VERL_USE_EXTERNAL_MODULES"] = verl_job.PLUGIN_MODULE
     os.environ.pop("RLKIT_RECORD_DIR", None)
     os.environ.pop("RLKIT_ALLOW_CHECKPOINT_MISMATCH", None)
     torch.set_num_threads(1)
     if device == "cuda":
-        from rlkit import determinism
+        from rlkit.measure import determinism
 
         torch.cuda.set_device(rank)
         determinism.enable(0)
@@ -62,7 +62,8 @@ def _init(rank: int, world: int, store: str, device: str, selection) -> None:
     import verl  # noqa: F401  (the plugin: RLKIT_PATCHES, applied when their targets are imported)
     from verl.workers.engine.fsdp import transformer_impl  # noqa: F401  (verl's engine: the deferred patches apply)
 
-    from rlkit.patches import checkpoint_fingerprint, master_on_host_verl
+    from rlkit.patches.guards import checkpoint_fingerprint
+    from rlkit.patches.verl import master_on_host_verl
 
     assert checkpoint_fingerprint.PATCH.active() and master_on_host_verl.PATCH.active(), "rlkit's verl plugin did not load"
     if device == "cpu":
@@ -113,7 +114,7 @@ def _train_step(engine, step: int, rank: int, world: int) -> dict:
     """One step as verl's actor update runs it: its train_mode around train_batch's own, fwd/bwd, verl's
     optimizer_step (clip, finite check, HostAdamW on the host masters), then the lr scheduler step."""
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import master_on_host_verl
+    from rlkit.patches.verl import master_on_host_verl
 
     with engine.train_mode():
         assert master_on_host_verl.host_masters(engine) is not None  # the masters stay on the host
@@ -137,15 +138,15 @@ def _snapshot(engine) -> dict:
 
 
 def _resident(engine) -> int:
-    from rlkit.patches import cast_once
-    from rlkit.patches.master_on_host import fsdp_handles
+    from rlkit.patches.fsdp import cast_once
+    from rlkit.patches.fsdp.master_on_host import fsdp_handles
 
     return sum(cast_once.is_resident(h) for h in fsdp_handles(engine.module))
 
 
 def _refused(engine_or_manager, ckpt: str) -> str:
     """The message of the CheckpointMismatchError a load raises ('' if it loaded)."""
-    from rlkit.patches.checkpoint_fingerprint import CheckpointMismatchError
+    from rlkit.patches.guards.checkpoint_fingerprint import CheckpointMismatchError
 
     try:
         engine_or_manager.load_checkpoint(ckpt, None, del_local_after_load=False)
@@ -242,7 +243,7 @@ def _run_phases(device: str, world: int, tmp: str) -> tuple[str, list[dict], lis
 
 def _assert_resumes_exactly(ckpt: str, train: list[dict], resume: list[dict], world: int) -> None:
     from rlkit import patches
-    from rlkit.patches import checkpoint_fingerprint as F
+    from rlkit.patches.guards import checkpoint_fingerprint as F
 
     # What is on disk: the fingerprint, and each rank's own optimizer file (rank 1's without Adam state).
     with open(os.path.join(ckpt, F.FILENAME)) as f:
@@ -336,7 +337,7 @@ def _fingerprint(**changes) -> dict:
 
 
 def test_mismatches_name_each_difference_and_ignore_what_changes_nothing():
-    from rlkit.patches.checkpoint_fingerprint import mismatches
+    from rlkit.patches.guards.checkpoint_fingerprint import mismatches
 
     saved = _fingerprint()
     assert mismatches(saved, _fingerprint()) == []
@@ -358,7 +359,7 @@ def test_mismatches_name_each_difference_and_ignore_what_changes_nothing():
 
 
 def test_a_checkpoint_without_fingerprint_loads_only_into_an_unpatched_run():
-    from rlkit.patches.checkpoint_fingerprint import FILENAME, mismatches, refusal
+    from rlkit.patches.guards.checkpoint_fingerprint import FILENAME, mismatches, refusal
 
     stock = _fingerprint(patches=[], optimizer={"class": "torch.optim.adamw.AdamW", "options": {}},
                          adam_state_ranks=[0, 1])
@@ -373,7 +374,7 @@ def test_a_checkpoint_without_fingerprint_loads_only_into_an_unpatched_run():
 def test_patch_apply_is_idempotent_and_revert_restores_verl():
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    from rlkit.patches import checkpoint_fingerprint
+    from rlkit.patches.guards import checkpoint_fingerprint
 
     was_active = checkpoint_fingerprint.PATCH.active()  # the plugin applies it at import verl, in this process too
     checkpoint_fingerprint.PATCH.revert()

@@ -9,9 +9,11 @@ import pytest
 import torch
 from _verl_engine import assert_update_matches, build_fused, engine_update, fp32_bound, restored_verl_model_patches
 
-from rlkit import models, patches
-from rlkit.patches import PatchError, chunked_logprobs
-from rlkit.patches.chunked_logprobs import chunked_linear_logprobs
+from rlkit import patches
+from rlkit.models import qwen as models
+from rlkit.patches import PatchError
+from rlkit.patches.kernels import chunked_logprobs
+from rlkit.patches.kernels.chunked_logprobs import chunked_linear_logprobs
 
 BF16_EPS = torch.finfo(torch.bfloat16).eps
 PROMPTS, RESPONSES = [5, 3, 6], [7, 4, 6]  # 31 tokens: with 8-row chunks, three full chunks and a ragged one
@@ -143,7 +145,7 @@ def test_engine_update_matches_verls_unfused_log_probs(patch, monkeypatch, entro
 def test_a_detached_metric_entropy_skips_the_entropy_backward(patch, monkeypatch):
     """With metric_entropy (entropy_coeff 0) the entropy reaches backward detached: the gradient is the
     chunked path's own, bit for bit, and the entropy branch of the logits' gradient never runs."""
-    from rlkit.patches import metric_entropy
+    from rlkit.patches.verl import metric_entropy
 
     model = models.build_random_model("tiny")
     seen = []

@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers.models.qwen3 import modeling_qwen3
 
-from rlkit.patches import PatchError, compiled_pointwise, compiled_rmsnorm, installed_version
+from rlkit.patches import PatchError, installed_version
+from rlkit.patches.kernels import compiled_pointwise, compiled_rmsnorm
 
 BF16_STEP = 2.0 ** -8  # one bf16 rounding, relative
 GRAD_BOUND = 2.0 ** -6  # of a flat parameter's largest gradient entry (compiled_rmsnorm's docstring says why)
@@ -64,7 +65,7 @@ def test_apply_is_idempotent_and_revert_restores_what_it_replaced(name):
 
 def test_a_compile_that_fails_names_the_patch_and_the_field_that_runs_without_it(monkeypatch):
     """Inductor without what it needs (here: a backend that raises as Inductor does without a C compiler)."""
-    from rlkit.patches._compile import like_eager
+    from rlkit.patches.kernels._compile import like_eager
 
     def failing_compile(fn, **options):
         def call(*args):
@@ -81,7 +82,7 @@ def test_a_compile_that_fails_names_the_patch_and_the_field_that_runs_without_it
 def test_the_compiled_swiglu_keeps_gate_and_up_for_backward_and_eager_silu_gate_too():
     """What each SwiGLU saves for backward (saved-tensor hooks): eager keeps gate (silu's input), silu(gate) and up
     (the product's inputs); the compiled function keeps gate and up and recomputes silu(gate). The planner's
-    ``compiled_pointwise`` option is that one intermediate-wide tensor less (rlkit.budget)."""
+    ``compiled_pointwise`` option is that one intermediate-wide tensor less (rlkit.planning.budget)."""
     def saved(fn):
         gate, up = (torch.randn(8, 24, requires_grad=True).bfloat16().detach().requires_grad_() for _ in range(2))
         shapes = []
@@ -167,7 +168,7 @@ def test_a_tiny_qwen3_wrapped_like_verls_actor_matches_eager(single_rank_group):
 def test_a_compiled_function_that_is_not_eagers_bit_for_bit_is_refused_at_its_first_call():
     """A function whose compiled form cannot equal eager (Inductor draws its own random numbers): refused, naming
     the function, the count of differing elements and the field; without the claim the same function runs."""
-    from rlkit.patches._compile import like_eager
+    from rlkit.patches.kernels._compile import like_eager
 
     def noisy(x):
         return x + torch.rand_like(x)
@@ -183,7 +184,7 @@ def test_a_compiled_function_that_is_not_eagers_bit_for_bit_is_refused_at_its_fi
 def test_one_ulp_at_one_element_is_refused_at_the_first_call():
     """The first-call check is bit identity, not closeness: a compiled form that moves one element by one ulp (its
     nearest float) is refused, counting that one element; a tolerance there would let it through (issue 46)."""
-    from rlkit.patches._compile import like_eager
+    from rlkit.patches.kernels._compile import like_eager
 
     def one_ulp_off_when_compiled(x):
         if torch.compiler.is_compiling():  # what Inductor runs; eager takes the other branch
@@ -203,8 +204,8 @@ def test_through_verls_engine_in_fp32_the_norm_differs_only_in_summation_order()
     agrees to fp32 rounding in loss, log-probs, entropy and every gradient."""
     from _verl_engine import assert_update_matches, build_fused, engine_update, restored_verl_model_patches
 
-    from rlkit import models
-    from rlkit.patches import chunked_logprobs, varlen_attention
+    from rlkit.models import qwen as models
+    from rlkit.patches.kernels import chunked_logprobs, varlen_attention
 
     prompts, responses = [5, 3, 6, 2], [7, 4, 6, 9]
     model = models.build_random_model("tiny")

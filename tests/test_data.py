@@ -4,7 +4,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from rlkit import data
+from rlkit.models import data
 
 
 def test_synthetic_rows_are_valid_distinct_and_deterministic():

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch._prims_common import alert_not_deterministic
 
-from rlkit import determinism
-from rlkit.params import build
-from rlkit.results import load_profile
+from rlkit.core.params import build
+from rlkit.core.results import load_profile
+from rlkit.measure import determinism
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_SCRIPT = REPO / "scripts" / "node_determinism.sh"
@@ -75,7 +75,7 @@ def child_env(tmp_path_factory):
 
 
 def assert_deterministic_child(settings: dict) -> None:
-    """What the child read back from torch and its environment after rlkit.determinism.enable."""
+    """What the child read back from torch and its environment after rlkit.measure.determinism.enable."""
     assert settings["deterministic_algorithms"] is True and settings["warn_only"] is False
     assert settings["cudnn_deterministic"] is True and settings["cudnn_benchmark"] is False
     assert settings["cublas_workspace_config_inherited"] == determinism.CUBLAS_WORKSPACE_CONFIG  # from the launcher
@@ -161,7 +161,7 @@ def test_node_script_parameters_validate_for_the_experiment(spec):
     """The h200 profile + deterministic=true + the script's overrides build the experiment's Config."""
     import importlib
 
-    from rlkit.results import parse_overrides
+    from rlkit.core.results import parse_overrides
 
     notebook, module, _, *args = spec
     exp = importlib.import_module(f"rlkit.experiments.{module}")

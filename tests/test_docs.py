@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import report
-from rlkit.env import REPO_ROOT
+from rlkit.core.env import REPO_ROOT
+from rlkit.report import sections as report
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 IDS = [p.relative_to(REPO_ROOT).as_posix() for p in DOCS]
@@ -35,7 +35,7 @@ def test_relative_links_resolve(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
 def test_cited_results_are_committed(doc):
     """A path under outputs/ that a doc quotes names something git tracks, not a local run."""
-    from rlkit.results import NotACheckout, tracked_files
+    from rlkit.core.results import NotACheckout, tracked_files
 
     try:
         tracked = {p.relative_to(REPO_ROOT).as_posix() for p in tracked_files(REPO_ROOT / "outputs")}

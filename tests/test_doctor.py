@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from rlkit import doctor
+from rlkit.tools import doctor
 
 GOOD_GPU = {"torch": "2.11.0+cu130", "vllm": "0.24.0", "verl": "0.9.1", "ray": "2.60.0",
             "transformers": "5.10.4", "tokenizers": "0.22.2", "nvidia-ml-py": "13.0"}
@@ -48,6 +48,6 @@ def test_cpu_torch_with_gpus_is_an_error():
 
 
 def test_cli_runs_here():
-    proc = subprocess.run([sys.executable, "-m", "rlkit.cli", "doctor", "--json"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "rlkit.tools.cli", "doctor", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '"checks"' in proc.stdout

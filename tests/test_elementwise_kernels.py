@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlkit import params as P
+from rlkit.core import params as P
 from rlkit.experiments import elementwise_kernels as E
 
 
@@ -29,7 +29,7 @@ def test_tiny_profile_times_each_op_and_says_why_liger_did_not_run(tmp_path):
 def test_the_compiled_swiglu_is_held_against_eager(tmp_path):
     import torch
 
-    from rlkit.patches import compiled_pointwise
+    from rlkit.patches.kernels import compiled_pointwise
 
     assert E.arm_function("swiglu", "compiled", torch.device("cpu")) is compiled_pointwise.compiled_swiglu
     rows = _run(tmp_path, "ops=[swiglu]", "arms=[compiled]")["ops"]["swiglu"]

@@ -1,8 +1,8 @@
-"""rlkit.emulate_card: the arithmetic of the emulated card and its install/uninstall (CPU: no CUDA needed)."""
+"""rlkit.patches.instruments.emulate_card: the arithmetic of the emulated card and its install/uninstall (CPU: no CUDA needed)."""
 import pytest
 import torch
 
-from rlkit import emulate_card
+from rlkit.patches.instruments import emulate_card
 
 GIB = 2**30
 

@@ -3,7 +3,7 @@
 
 docs/reliability.md has the table of them. verl cannot run on a CPU machine, so a launched verl stands in as a small
 script put where ``python -m verl.trainer.main_ppo`` finds it (first on PYTHONPATH): it is only the process
-:func:`rlkit.verl_job.launch_job` launches; everything rlkit does around it (the session, the log, reading it, the
+:func:`rlkit.recipes.job.launch_job` launches; everything rlkit does around it (the session, the log, reading it, the
 error, the results folder) is the real code. Real verl and vLLM failure text comes from committed GPU runs, named
 where it is read. The bundle's faults are in tests/test_bundle.py, the patch-registry basics in
 tests/test_patches_registry.py.
@@ -23,10 +23,15 @@ from pathlib import Path
 import pytest
 from conftest import committed_run
 
-from rlkit import budget, data, model_shape, preflight, verl_job, verl_logs
-from rlkit.env import REPO_ROOT
-from rlkit.params import ParamError
-from rlkit.results import ResultsFolder
+from rlkit.core.env import REPO_ROOT
+from rlkit.core.params import ParamError
+from rlkit.core.results import ResultsFolder
+from rlkit.models import data
+from rlkit.models import shape as model_shape
+from rlkit.planning import preflight
+from rlkit.planning.host_memory import host_adamw_bytes
+from rlkit.recipes import job as verl_job
+from rlkit.verl import logs as verl_logs
 
 GIB = 2**30
 NOTEBOOK = "05_grpo_qwen3_4b"
@@ -77,7 +82,7 @@ def _kill_when(pattern: str, marker: str, killed: list[int]):
 
 
 def _recipe(**fields):
-    from rlkit.recipe import GRPORecipe
+    from rlkit.recipes.grpo import GRPORecipe
 
     return GRPORecipe(**{"steps": 3, "timeout_s": 180, **fields})
 
@@ -269,7 +274,7 @@ def _truth(value):
     (lambda r: r.update(ability=None), "ability", "null"),
 ])
 def test_a_malformed_row_is_named_with_its_key_and_the_fix_before_anything_is_written(tmp_path, mutate, key, found):
-    """The recipe's data step (rlkit.data.prepare, which runs before verl is launched) on a real parquet with one
+    """The recipe's data step (rlkit.models.data.prepare, which runs before verl is launched) on a real parquet with one
     bad row: the error names the file, the row (position and DAPO index), the key, the value found and the fix,
     and no training parquet is written."""
     path, index = _dapo_with(tmp_path, 7, mutate)
@@ -319,7 +324,7 @@ def _host_finding(overrides, patches=("offload_views", "no_shard"), **kwargs):
 
 
 def test_preflight_refuses_a_node_whose_host_memory_cannot_hold_hostadamw(tmp_path):
-    """Before a launch (rlkit.verl_job.preflight_findings passes this machine's MemAvailable): HostAdamW's host
+    """Before a launch (rlkit.recipes.job.preflight_findings passes this machine's MemAvailable): HostAdamW's host
     state for Qwen3-4B on 2 ranks (masters, Adam moments, pinned staging, verl's param_offload copy: 125.67 GiB)
     against a node with less available is an error naming both sizes, and the fixes with what each would need."""
     meminfo = tmp_path / "meminfo"
@@ -352,10 +357,10 @@ def test_rlkit_preflight_reads_this_hosts_available_memory():
     available = preflight.available_host_gib()
     if available is None:
         pytest.skip("no /proc/meminfo")
-    need = sum(budget.host_adamw_bytes(model_shape.resolve_model("qwen3-4b"), ranks=2, param_offload=True).values()) / GIB
+    need = sum(host_adamw_bytes(model_shape.resolve_model("qwen3-4b"), ranks=2, param_offload=True).values()) / GIB
     if available >= need:
         pytest.skip(f"this machine has {available:.0f} GiB available, enough for {need:.0f} GiB")
-    proc = subprocess.run([sys.executable, "-m", "rlkit.preflight", *_hostadamw_overrides(), "--patches", "offload_views",
+    proc = subprocess.run([sys.executable, "-m", "rlkit.planning.preflight", *_hostadamw_overrides(), "--patches", "offload_views",
                            "--host-gib", "auto"], check=False, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert f"ERROR   actor_rollout_ref.actor.optim.optimizer_impl: HostAdamW holds {need:.2f} GiB" in proc.stdout
@@ -372,7 +377,7 @@ def test_the_host_model_matches_the_committed_runs_host_memory():
     for arm in ("1-fixes-hostadamw", "4-rank0-owner", "5-master-on-host-cast-once"):
         metrics = json.loads((committed_run(REPO_ROOT / "outputs" / NOTEBOOK / arm) / "metrics.json").read_text())
         recipe, host = metrics["recipe"], metrics["launch"]["host_memory"]
-        need = budget.host_adamw_bytes(shape, ranks=recipe["n_gpus"], rank0_owner=recipe["host_rank0_owner"],
+        need = host_adamw_bytes(shape, ranks=recipe["n_gpus"], rank0_owner=recipe["host_rank0_owner"],
                                        master_on_host="master_on_host" in recipe["patches"],
                                        param_offload=recipe["param_offload"])
         gaps[arm] = host["peak_above_baseline_gib"] - sum(need.values()) / GIB
@@ -383,7 +388,7 @@ def test_a_staging_buffer_larger_than_the_host_is_refused_before_allocating():
     """At allocation (rlkit.optim.staging, HostAdamW's buffers): a request over this machine's MemTotal is refused
     before torch allocates anything (a pin the kernel grants page by page would end with the OOM killer), naming
     the buffer, both sizes and the fix; the pool keeps the buffer it had."""
-    from rlkit.measure import read_meminfo
+    from rlkit.measure.samplers import read_meminfo
     from rlkit.optim.staging import HostMemoryError, StagingPool
 
     fields = read_meminfo()
@@ -405,7 +410,7 @@ PIN_STANDIN = '''
     than this machine has (HostAdamW's StagingPool, for real, in the launched process as in verl's actor)."""
     import json, os
 
-    from rlkit.measure import read_meminfo
+    from rlkit.measure.samplers import read_meminfo
     from rlkit.optim.staging import StagingPool
 
 
@@ -420,7 +425,7 @@ PIN_STANDIN = '''
 
 def test_a_launch_whose_staging_does_not_fit_the_host_fails_naming_the_buffer_and_the_fix(tmp_path):
     """The allocation-time error as a launch shows it: raised in the launched process, read back from its log by
-    launch_job (rlkit.verl_logs.find_crash), which names the buffer, the sizes and the fix; ``<tag>.failed/``."""
+    launch_job (rlkit.verl.logs.find_crash), which names the buffer, the sizes and the fix; ``<tag>.failed/``."""
     if not Path("/proc/meminfo").exists():
         pytest.skip("no /proc/meminfo")
     env = _standin(tmp_path, PIN_STANDIN)
@@ -438,7 +443,7 @@ def test_a_run_whose_host_cannot_hold_hostadamw_is_refused_before_the_launch(tmp
     """grpo.run on a host pre-flight finds too small (this machine's MemAvailable made tiny): the launch is refused
     with an error naming host_memory_guard, the finding and its fix, and verl never starts; with the guard off the
     same run goes on to the launch."""
-    from rlkit import grpo
+    from rlkit.experiments import grpo
 
     class Launched(Exception):
         pass
@@ -487,7 +492,8 @@ OTHER_VERSIONS = {"verl": "0.10.0", "torch": "2.15.0", "transformers": "5.18.0"}
 
 def _shipped_patches():
     from rlkit import patches
-    from rlkit.patches import master_on_host_verl, rank_identity
+    from rlkit.patches.instruments import rank_identity
+    from rlkit.patches.verl import master_on_host_verl
 
     return [patches.get(name) for name in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH]
 
@@ -512,7 +518,8 @@ def test_the_other_versions_are_outside_every_shipped_range():
 CHECK_ALL = """
 import json, sys
 from rlkit import patches
-from rlkit.patches import master_on_host_verl, rank_identity
+from rlkit.patches.verl import master_on_host_verl
+from rlkit.patches.instruments import rank_identity
 shipped = [patches.get(n) for n in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH]
 out = {}
 for patch in shipped:

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from rlkit.env import REPO_ROOT
-from rlkit.results import NBS_DIR
+from rlkit.core.env import REPO_ROOT
+from rlkit.core.results import NBS_DIR
 from rlkit.viz import static
 
 needs_browser = pytest.mark.skipif(static.find_browser() is None,

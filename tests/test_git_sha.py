@@ -1,9 +1,9 @@
-"""rlkit.env.git_sha: a run's revision is its code's; results written under outputs/ do not make it dirty."""
+"""rlkit.core.env.git_sha: a run's revision is its code's; results written under outputs/ do not make it dirty."""
 from __future__ import annotations
 
 import subprocess
 
-from rlkit.env import git_sha
+from rlkit.core.env import git_sha
 
 
 def test_only_changes_outside_outputs_make_the_checkout_dirty(tmp_path, monkeypatch):

@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import data, grpo, offline_model, patches, reward, verl_job, verl_logs
-from rlkit import recipe as R
-from rlkit import params as P
-from rlkit.results import load_profile
+from rlkit import patches
+from rlkit.core import params as P
+from rlkit.core.results import load_profile
+from rlkit.experiments import estimates, grpo, grpo_runs
+from rlkit.models import data, reward
+from rlkit.models import offline as offline_model
+from rlkit.recipes import check
+from rlkit.recipes import grpo as R
+from rlkit.recipes import job as verl_job
+from rlkit.recipes.overrides import render_overrides
+from rlkit.verl import logs as verl_logs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_console_sample.log"
 
@@ -62,7 +69,7 @@ def test_profiles_hold_exactly_the_recipe_fields(profile):
 def test_overrides_carry_the_recipe():
     r = _recipe(optimizer="HostAdamW", optimizer_offload=False, patches=("offload_views",), steps=3)
     paths = R.Paths(model="/m", train_file="/d.parquet")
-    ov = R.render_overrides(r, paths)
+    ov = render_overrides(r, paths)
     for expected in ("data.train_batch_size=32", "actor_rollout_ref.rollout.n=8",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_epochs=1",
                      "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "actor_rollout_ref.model.path=/m",
@@ -74,12 +81,12 @@ def test_overrides_carry_the_recipe():
                      "actor_rollout_ref.rollout.free_cache_engine=True", "trainer.total_training_steps=3",
                      "trainer.logger=[console,file]", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
                      "actor_rollout_ref.model.use_remove_padding=False", "ray_kwargs.ray_init.num_cpus=64",
-                     "reward.custom_reward_function.path=pkg://rlkit.reward",
+                     "reward.custom_reward_function.path=pkg://rlkit.models.reward",
                      "reward.custom_reward_function.name=synthetic_hash"):
         assert expected in ov, expected
     env = verl_job.launch_env(r, "/rec", base={"VERL_USE_EXTERNAL_MODULES": "other"})
     assert env["RLKIT_PATCHES"] == "offload_views" and env["RLKIT_RECORD_DIR"] == "/rec"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "other,rlkit.verl_plugin"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "other,rlkit.patches.verl_plugin"
     assert env["HF_HUB_OFFLINE"] == "1" and env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
 
 
@@ -95,7 +102,7 @@ RECIPES = {
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_overrides_compose_with_verls_own_config(name):
     r = _recipe(**RECIPES[name])
-    config = verl_job.compose_verl_config(R.render_overrides(r))
+    config = check.compose_verl_config(render_overrides(r))
     arr = config.actor_rollout_ref
     assert config.data.train_batch_size == r.train_batch_size and arr.rollout.n == r.rollout_n
     assert arr.actor.ppo_mini_batch_size == r.ppo_mini_batch_size and arr.actor.fsdp_config.fsdp_size == 1
@@ -113,7 +120,7 @@ def test_overrides_compose_with_verls_own_config(name):
 def test_unknown_override_is_rejected_by_verls_config():
     r = _recipe(extra_overrides=("actor_rollout_ref.actor.fsdp_config.no_such_key=1",))
     with pytest.raises(Exception, match="no_such_key"):
-        verl_job.compose_verl_config(R.render_overrides(r))
+        check.compose_verl_config(render_overrides(r))
 
 
 @pytest.mark.verl
@@ -123,15 +130,15 @@ def test_verify_subprocess_validates_and_loads_the_plugin(tmp_path):
     r = P.build(R.GRPORecipe, load_profile(grpo.NOTEBOOK, "tiny"))
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = verl_job.verify_subprocess(r, ov, tmp_path)
+    ov = render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = check.verify_subprocess(r, ov, tmp_path)
     assert result["active_patches"] == list(r.patches) == ["offload_views", "no_shard"]
     assert "actor_rollout_ref.model" in result["validated_sections"]
     assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
     bad = dataclasses.replace(r, micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
                               extra_overrides=("actor_rollout_ref.rollout.log_prob_micro_batch_size=4",))
     with pytest.raises(RuntimeError, match="log_prob_micro_batch_size"):
-        verl_job.verify_subprocess(bad, R.render_overrides(bad, R.Paths(model["path"], dataset.path)), tmp_path)
+        check.verify_subprocess(bad, render_overrides(bad, R.Paths(model["path"], dataset.path)), tmp_path)
 
 
 @pytest.mark.verl
@@ -143,8 +150,8 @@ def test_verify_subprocess_accepts_the_full_arc_in_its_own_order(tmp_path):
     assert list(r.patches) != [p for p in patches.KNOWN_PATCHES if p in r.patches]
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = verl_job.verify_subprocess(r, ov, tmp_path)
+    ov = render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = check.verify_subprocess(r, ov, tmp_path)
     assert sorted(result["active_patches"]) == sorted(r.patches)
     assert [rec["applied"] for rec in result["plugin_records"]] == [list(r.patches)]
     assert result["plugin_records"][0]["wiring"] == ["master_on_host_verl"]
@@ -162,7 +169,7 @@ def test_parse_console_log_fixture():
     assert summary["steps_averaged"] == [2, 3]
     assert summary["step_s"] == pytest.approx((76.1 + 75.4) / 2)
     assert summary["actor_max_allocated_gib"] == 75.0 and summary["ref_s"] is None
-    table = grpo.phase_table(steps)
+    table = grpo_runs.phase_table(steps)
     step1 = {row["phase"]: row["seconds"] for row in table if row["step"] == 1}
     assert step1["other"] == pytest.approx(138.0 - sum(v for k, v in step1.items() if k != "other"))
 
@@ -205,10 +212,10 @@ def test_read_results_tabulates_arms(tmp_path):
         metrics = {**base, "recipe": {**base["recipe"], "patches": arm_patches}}
         (tmp_path / arm / "metrics.json").write_text(json.dumps(metrics))
         (tmp_path / arm / "env.json").write_text("{}")  # every run records where it ran
-    merged = grpo.read_results(tmp_path)
+    merged = grpo_runs.read_results(tmp_path)
     assert [a["arm"] for a in merged["arms"]] == ["offload_views", "stock"]
     assert merged["arms"][0]["patches"] == "offload_views" and merged["arms"][1]["step_s"] == base["summary"]["step_s"]
-    single = grpo.read_results(tmp_path / "stock")
+    single = grpo_runs.read_results(tmp_path / "stock")
     assert len(single["arms"]) == 1 and single["arms"][0]["steps"] == 3
 
 
@@ -242,7 +249,7 @@ def test_master_on_host_needs_param_offload_and_host_adamw(changes):
 def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
     values = {**load_profile(grpo.NOTEBOOK, "h200"), **R.arm_values(arm)}
     r = P.build(R.GRPORecipe, values, where=arm)
-    config = verl_job.compose_verl_config(R.render_overrides(r))
+    config = check.compose_verl_config(render_overrides(r))
     optim = config.actor_rollout_ref.actor.optim
     if r.optimizer == "HostAdamW":
         assert optim.optimizer_impl == "rlkit.optim" and not config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
@@ -292,7 +299,7 @@ def test_optimizer_step_summary_averages_the_window_and_skips_old_records():
 def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs():
     from conftest import committed_run
 
-    from rlkit.results import OUTPUTS_DIR
+    from rlkit.core.results import OUTPUTS_DIR
 
     run = committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192")
     committed = json.loads((run / "metrics.json").read_text())
@@ -306,7 +313,7 @@ def test_collected_arm_metrics_are_what_collect_computes_from_the_committed_logs
     # extremes, not means: the plain random model samples its EOS id now and then (p ~ 1/151,936 per token)
     assert (again["summary"]["response_length_min"], again["summary"]["response_length_max"]) == (485, 512)
     assert again["summary"]["response_length_mean"] > 511
-    assert grpo.outcome(again) == "stopped after 2/3 steps" and again["sanity"]["rank_max_abs_diff"] == 0.0
+    assert grpo_runs.outcome(again) == "stopped after 2/3 steps" and again["sanity"]["rank_max_abs_diff"] == 0.0
 
 
 def test_collect_renders_the_overrides_again_for_a_run_that_wrote_none(tmp_path):
@@ -316,7 +323,7 @@ def test_collect_renders_the_overrides_again_for_a_run_that_wrote_none(tmp_path)
 
     from conftest import committed_run
 
-    from rlkit.results import OUTPUTS_DIR
+    from rlkit.core.results import OUTPUTS_DIR
 
     run = tmp_path / "run"
     shutil.copytree(committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "1-fixes-hostadamw-resp512-tok8192"), run)
@@ -325,7 +332,7 @@ def test_collect_renders_the_overrides_again_for_a_run_that_wrote_none(tmp_path)
     again = grpo.collect(run, "note")
     assert again["launch"]["collected"]["overrides"].startswith("rendered again from params.yaml")
     recipe = P.build(R.GRPORecipe, again["recipe"])
-    assert again["overrides"] == R.render_overrides(recipe, R.default_paths(recipe), run)
+    assert again["overrides"] == render_overrides(recipe, R.default_paths(recipe), run)
     assert f"data.train_files={R.default_paths(recipe).train_file}" in again["overrides"]
     assert committed != again["overrides"]  # the run's own paths were the node's
     assert again["steps"] == json.loads((run / "metrics.json").read_text())["steps"]
@@ -342,12 +349,12 @@ def test_planner_agrees_with_every_committed_gpu_arm():
     free memory vLLM read within 10 % (outputs/05_grpo_qwen3_4b/, 2 x H200 emulating 47.4 GiB cards)."""
     from conftest import committed_runs
 
-    from rlkit.results import OUTPUTS_DIR
+    from rlkit.core.results import OUTPUTS_DIR
 
     arms = committed_runs(OUTPUTS_DIR / grpo.NOTEBOOK)  # not the tiny/ folder `make demo` writes beside them
     if not arms:
         pytest.skip("no committed GPU arms")
-    checks = {p.name: grpo.planner_check(grpo.read_results(p)) for p in arms}
+    checks = {p.name: estimates.planner_check(grpo_runs.read_results(p)) for p in arms}
     assert all(c is not None and c["agrees"] for c in checks.values()), checks
     assert any(c["ratio"] is not None and c["measured_actor_peak_gib"] for c in checks.values())
 
@@ -360,7 +367,7 @@ def test_workload_levers_survive_every_arm(arm):
     assert r.active_patches == (*r.patches, "varlen_attention", "chunked_logprobs")
     env = verl_job.launch_env(r, "/tmp/records", base={})
     assert env["RLKIT_PATCHES"].split(",") == list(r.active_patches)
-    ov = R.render_overrides(r, R.Paths(model="/m", train_file="/d.parquet"))
+    ov = render_overrides(r, R.Paths(model="/m", train_file="/d.parquet"))
     for expected in ("actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.use_fused_kernels=True",
                      "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch",
                      "+actor_rollout_ref.model.override_config.attn_implementation=rlkit_varlen",
@@ -368,7 +375,7 @@ def test_workload_levers_survive_every_arm(arm):
         assert expected in ov
     padded = dataclasses.replace(r, attn_implementation="sdpa", use_remove_padding=False, logits="full")
     assert padded.active_patches == r.patches
-    assert not [o for o in R.render_overrides(padded, R.Paths("/m", "/d.parquet")) if "fused" in o]
+    assert not [o for o in render_overrides(padded, R.Paths("/m", "/d.parquet")) if "fused" in o]
 
 
 @pytest.mark.parametrize("changes, field", [
@@ -384,7 +391,7 @@ def test_the_seed_profile_is_the_issues_shape():
     r = P.build(R.GRPORecipe, load_profile(grpo.NOTEBOOK, "h200-seed"))
     assert (r.max_prompt_length, r.max_response_length, r.ppo_max_token_len_per_gpu) == (256, 4096, 24576)
     assert (r.train_batch_size, r.rollout_n, r.emulate_gpu_gib) == (32, 8, 47.4) and r.steps >= 4
-    from rlkit.length_model import expected_response_tokens
+    from rlkit.models.lengths import expected_response_tokens
 
     assert 0.25 <= expected_response_tokens(r.response_length_mean, r.max_response_length) / r.max_response_length <= 0.60
     assert r.lr == 0.0  # the synthetic lengths must not drift between arms and steps (the profile's header says why)
@@ -399,8 +406,8 @@ def test_verify_subprocess_applies_the_seed_levers_with_an_arm(tmp_path):
     r = P.build(R.GRPORecipe, values)
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = verl_job.verify_subprocess(r, ov, tmp_path)
+    ov = render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = check.verify_subprocess(r, ov, tmp_path)
     assert sorted(result["active_patches"]) == sorted(r.active_patches) and not result["pending_patches"]
 
 
@@ -421,16 +428,16 @@ def test_selective_checkpointing_is_a_field_that_adds_its_patch_and_its_layer_co
 def test_pre_flight_picks_the_most_selective_layers_that_fit_and_plans_with_them():
     """selective_layers 0: the planner's largest count for the run's own overrides (arm 5 at the seed's workload),
     which the run then records and its pre-flight plans with."""
-    from rlkit import budget
-    from rlkit.preflight_memory import planner_spec_for_overrides
+    from rlkit.planning import verdict
+    from rlkit.planning.preflight_memory import planner_spec_for_overrides
 
     values = {**load_profile(grpo.NOTEBOOK, "h200-seed"), **R.arm_values("5-master-on-host-cast-once"),
               "host_rank0_owner": False, "activation_checkpointing": "selective"}
     r = P.build(R.GRPORecipe, values, where="seed-sac")
-    ov = R.render_overrides(r, R.Paths(model="qwen3-4b", train_file="/d.parquet"))
+    ov = render_overrides(r, R.Paths(model="qwen3-4b", train_file="/d.parquet"))
     chosen = grpo.with_selective_layers(r, ov)
     spec = planner_spec_for_overrides(ov, r.active_patches, gpu_gib=r.planner_gpu_gib)
-    assert chosen.selective_layers == budget.most_selective_layers(spec) > 0
+    assert chosen.selective_layers == verdict.most_selective_layers(spec) > 0
     assert grpo.with_selective_layers(chosen, ov) is chosen  # a count set by hand is kept
     planned = verl_job.preflight_findings(chosen, ov)["planner"][0]["message"]
     more = dataclasses.replace(chosen, selective_layers=chosen.selective_layers + 1)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from conftest import fresh_paths, spawn_two_ranks
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlkit.measure import PhaseTimer
+from rlkit.measure.samplers import PhaseTimer
 from rlkit.optim import IMPLS, HostAdamW
 from rlkit.optim.overlap import HostCopies
 

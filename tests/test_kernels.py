@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlkit.experiments import kernels
-from rlkit.patches import varlen_attention
+from rlkit.patches.kernels import varlen_attention
 
 
 def test_sequence_lengths_hit_their_totals():

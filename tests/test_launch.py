@@ -1,15 +1,15 @@
-"""rlkit.launch: fresh-process runs; a run (one process or several ranks) that dies of SIGABRT is run once more."""
+"""rlkit.measure.launch: fresh-process runs; a run (one process or several ranks) that dies of SIGABRT is run once more."""
 import os
 import textwrap
 
 import pytest
 
-from rlkit.launch import LaunchError, run_module
+from rlkit.measure.launch import LaunchError, run_module
 
 ABORT_ONCE = textwrap.dedent('''
     import os, sys
     from pathlib import Path
-    from rlkit.launch import child_main
+    from rlkit.measure.launch import child_main
 
     def main(config):
         marker = Path(config["marker"])
@@ -54,7 +54,7 @@ def test_a_rank_aborting_every_time_fails_after_one_retry(module_dir, tmp_path, 
 
 def test_an_ordinary_failure_is_not_run_again(tmp_path):
     (tmp_path / "rlkit_fails.py").write_text(textwrap.dedent('''
-        from rlkit.launch import child_main
+        from rlkit.measure.launch import child_main
 
         def main(config):
             raise ValueError("bad input")

@@ -8,12 +8,16 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from rlkit import data, models, offline_model, reward
-from rlkit import learning_curves as LC
-from rlkit import params as P
-from rlkit import recipe as R
+from rlkit.analysis import learning_curves as LC
+from rlkit.core import params as P
+from rlkit.core.results import load_profile
 from rlkit.experiments import learning as L
-from rlkit.results import load_profile
+from rlkit.experiments import learning_runs as LR
+from rlkit.models import data, reward
+from rlkit.models import offline as offline_model
+from rlkit.models import qwen as models
+from rlkit.recipes import grpo as R
+from rlkit.recipes.overrides import render_overrides
 
 # A row as DAPO-Math-17k publishes it (problem text of the kind it holds; the index is a UUID string).
 REAL_ROW = {
@@ -46,14 +50,14 @@ def test_target_chars_is_deterministic_bounded_and_registered():
     scores = [_score(t, "eost") for t in texts]
     assert scores == [_score(t, "eost") for t in texts] and all(0.0 <= s <= 1.0 for s in scores)
     assert "target_chars" in reward.REWARDS
-    assert reward.verl_overrides("target_chars") == ["reward.custom_reward_function.path=pkg://rlkit.reward",
+    assert reward.verl_overrides("target_chars") == ["reward.custom_reward_function.path=pkg://rlkit.models.reward",
                                                      "reward.custom_reward_function.name=target_chars"]
     assert R.GRPORecipe().resolved_reward == "synthetic_hash"  # auto is unchanged
     assert R.GRPORecipe(model="/models/Qwen3-4B").resolved_reward == "dapo_math"
 
 
 def test_a_row_without_a_target_set_is_refused():
-    with pytest.raises(ValueError, match=r"extra_info\['target_chars'\].*Fix: prepare the data with rlkit.data.target_rows"):
+    with pytest.raises(ValueError, match=r"extra_info\['target_chars'\].*Fix: prepare the data with rlkit.models.data.target_rows"):
         reward.target_chars("math_dapo", "eort", "84", REAL_ROW["extra_info"])
 
 
@@ -109,7 +113,7 @@ def test_the_recipe_writes_target_rows_for_the_target_reward(tmp_path):
     assert paths.train_file.endswith("synthetic-dapo-32-seed0-targets.parquet")
     assert R.default_paths(dataclasses.replace(r, reward="auto")).train_file.endswith("synthetic-dapo-32-seed0.parquet")
     assert data.default_path("/x/dapo.parquet", 0, targets=True).name == "dapo-math-17k.dedup-targets.parquet"
-    ov = R.render_overrides(r, R.Paths(model="/m", train_file=paths.train_file))
+    ov = render_overrides(r, R.Paths(model="/m", train_file=paths.train_file))
     assert "reward.custom_reward_function.name=target_chars" in ov
     info = data.prepare("synthetic", rows=32, out_dir=tmp_path, targets=True)
     assert info.path == str(tmp_path / "synthetic-dapo-32-seed0-targets.parquet")
@@ -293,9 +297,9 @@ def test_profiles_are_valid_configs_whose_recipes_are_valid(profile):
     values = load_profile(L.NOTEBOOK, profile)
     assert set(values) == set(P.field_names(L.Config))
     cfg = P.build(L.Config, values)
-    plan = L.run_plan(cfg)
+    plan = LR.run_plan(cfg)
     assert [arm for _, arm in plan] == [BASE, COMP, BASE] and len({n for n, _ in plan}) == 3
-    recipes = [L.build_recipe(cfg, arm) for _, arm in plan]
+    recipes = [LR.build_recipe(cfg, arm) for _, arm in plan]
     assert recipes[0] == recipes[2] and recipes[0].patches != recipes[1].patches
     assert all(r.n_gpus == 1 and r.reward == "target_chars" and r.steps == cfg.steps for r in recipes)
     assert {k: v for k, v in P.as_dict(recipes[1]).items() if k in R.ARMS[COMP]} == R.ARMS[COMP]
@@ -314,7 +318,7 @@ def test_bad_config_names_the_key_and_fix(changes, key):
 
 def test_runs_resume_from_runs_dir_within_the_launch_limit(tmp_path, monkeypatch):
     """Repeating the command adds one launched run each time; launched runs are read back, never launched twice."""
-    from rlkit import grpo
+    from rlkit.experiments import grpo
 
     launched = []
 
@@ -326,15 +330,15 @@ def test_runs_resume_from_runs_dir_within_the_launch_limit(tmp_path, monkeypatch
 
     monkeypatch.setattr(grpo, "run", fake_run)
     cfg = _cfg(runs_dir=str(tmp_path / "runs"), launch_limit=1, steps=4, window=2)
-    done, pending = L.run_all(cfg, tmp_path / "out")
+    done, pending = LR.run_all(cfg, tmp_path / "out")
     assert list(done) == [f"{BASE}.r1"] and pending == [f"{COMP}.r1", f"{BASE}.r2"]
-    done, pending = L.run_all(cfg, tmp_path / "out")
+    done, pending = LR.run_all(cfg, tmp_path / "out")
     assert done[f"{BASE}.r1"]["reused"] == "read back" and done[f"{COMP}.r1"]["reused"] is None and len(pending) == 1
-    done, pending = L.run_all(cfg, tmp_path / "out")
+    done, pending = LR.run_all(cfg, tmp_path / "out")
     assert not pending and len(launched) == 3 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(done)
     assert json.loads((tmp_path / "runs" / f"{BASE}.r2" / "metrics.json").read_text())["launched"]
     with pytest.raises(P.ParamError, match="another recipe"):
-        L.run_all(dataclasses.replace(cfg, lr=3e-4), tmp_path / "out")
+        LR.run_all(dataclasses.replace(cfg, lr=3e-4), tmp_path / "out")
 
 
 def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tmp_path, monkeypatch):
@@ -342,7 +346,8 @@ def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tm
     written whole; when one fails, the others still finish and are saved, and the failure is raised after them."""
     import threading
 
-    from rlkit import grpo, verl_job
+    from rlkit.experiments import grpo
+    from rlkit.recipes import job as verl_job
 
     monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
     together = threading.Barrier(3, timeout=10)  # breaks (and the test fails) unless all three are in flight at once
@@ -357,14 +362,14 @@ def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tm
     monkeypatch.setattr(grpo, "run", fake_run)
     failing = ""
     cfg = _cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2)
-    done, pending = L.run_all(cfg, tmp_path / "out")
-    assert list(done) == [n for n, _ in L.run_plan(cfg)] and not pending
+    done, pending = LR.run_all(cfg, tmp_path / "out")
+    assert list(done) == [n for n, _ in LR.run_plan(cfg)] and not pending
     assert all(e["reused"] is None and e["metrics"]["launched"] for e in done.values())
 
     failing, together = f"{COMP}.r1", threading.Barrier(3, timeout=10)
     cfg = dataclasses.replace(cfg, runs_dir=str(tmp_path / "runs2"))
     with pytest.raises(RuntimeError, match="verl exited with 1"):
-        L.run_all(cfg, tmp_path / "out")
+        LR.run_all(cfg, tmp_path / "out")
     kept = {p.name for p in (tmp_path / "runs2").iterdir()}
     assert {f"{BASE}.r1", f"{BASE}.r2"} <= kept and f"{COMP}.r1" not in kept, kept  # the failed run is not a result
     assert all((tmp_path / "runs2" / n / "metrics.json").exists() for n in (f"{BASE}.r1", f"{BASE}.r2"))
@@ -375,7 +380,8 @@ def test_an_interrupt_while_runs_wait_side_by_side_stops_their_sessions(tmp_path
     verl session in flight itself, then the interrupt goes on."""
     import concurrent.futures
 
-    from rlkit import grpo, verl_job
+    from rlkit.experiments import grpo
+    from rlkit.recipes import job as verl_job
 
     stopped = []
     monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
@@ -389,12 +395,12 @@ def test_an_interrupt_while_runs_wait_side_by_side_stops_their_sessions(tmp_path
 
     monkeypatch.setattr(concurrent.futures, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        L.run_all(_cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2), tmp_path / "out")
+        LR.run_all(_cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2), tmp_path / "out")
     assert stopped == [True]
 
 
 def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):
-    from rlkit import grpo
+    from rlkit.experiments import grpo
 
     calls = []
 
@@ -404,9 +410,9 @@ def test_a_repeat_not_launched_is_not_checked_twice(tmp_path, monkeypatch):
                 "summary": {}, "verify": {"active_patches": list(recipe.patches)}}
 
     monkeypatch.setattr(grpo, "run", fake_run)
-    done, pending = L.run_all(_cfg(), tmp_path)
+    done, pending = LR.run_all(_cfg(), tmp_path)
     assert len(calls) == 2 and not pending and done[f"{BASE}.r2"]["reused"] == f"not launched, as {BASE}.r1"
-    row = L.run_row(f"{BASE}.r2", done[f"{BASE}.r2"])
+    row = LR.run_row(f"{BASE}.r2", done[f"{BASE}.r2"])
     assert row["outcome"] == "not launched" and "rlkit.experiments.learning" in row["launch_reason"]
     assert row["folder"] == f"runs/{BASE}.r1"
 

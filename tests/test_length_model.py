@@ -1,4 +1,4 @@
-"""The synthetic length model of random-init checkpoints (rlkit.length_model): real transformers sampling on the
+"""The synthetic length model of random-init checkpoints (rlkit.models.lengths): real transformers sampling on the
 tiny preset ends every response on EOS after a geometric number of tokens of the configured mean, with the
 architecture, config and parameter count of the plain random model; 0 (off) is the old checkpoint bit for bit."""
 from __future__ import annotations
@@ -9,10 +9,13 @@ import math
 import pytest
 import torch
 
-from rlkit import length_model, models, offline_model, preflight
-from rlkit import params as P
-from rlkit import recipe as R
-from rlkit.data import corpus, synthetic_rows
+from rlkit.core import params as P
+from rlkit.models import lengths as length_model
+from rlkit.models import offline as offline_model
+from rlkit.models import qwen as models
+from rlkit.models.data import corpus, synthetic_rows
+from rlkit.planning import preflight
+from rlkit.recipes import grpo as R
 
 MEAN = 8  # tokens: short responses keep the sampling test to a few tens of decode steps on a CPU
 SAMPLES = 1024

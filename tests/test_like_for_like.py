@@ -1,4 +1,4 @@
-"""rlkit.like_for_like: a target is judged only on a like-for-like pair, in every block that judges one (issue 41).
+"""rlkit.analysis.like_for_like: a target is judged only on a like-for-like pair, in every block that judges one (issue 41).
 
 The pairs are committed runs of notebook 05, changed one field at a time: each field of the rule turns a like pair
 unlike, and the report's blocks then never print "met" for it."""
@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from rlkit import like_for_like as lfl
-from rlkit import report
-from rlkit.results import OUTPUTS_DIR
+from rlkit.analysis import like_for_like as lfl
+from rlkit.core.results import OUTPUTS_DIR
+from rlkit.report.seed_workload import seed_workload_section
 
 RUNS = OUTPUTS_DIR / "05_grpo_qwen3_4b"
 PADDED, UNPADDED = "h200-seed-1-fixes-hostadamw-padded-tok12288", "h200-seed-1-fixes-hostadamw.session10-lr0"
@@ -107,7 +107,7 @@ def _set_gpu(root, name: str, gpu: str) -> None:
 def test_the_arc_is_one_gpu_model(tmp_path):
     """Runs of one commit on two GPU models are two arcs: the one covering more arms is the headline, it names its GPU,
     and arm 5 on the other GPU is neither in its table nor judged against its arm 1."""
-    from rlkit import report_arc
+    from rlkit.report import arc as report_arc
 
     arm0, arm1, arm5 = "h200-seed-0-stock", "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
     root = _repo_with(tmp_path, {f"{arm0}.session1": "h200-seed-0-stock.session19",
@@ -142,10 +142,10 @@ def test_the_remove_padding_target_is_never_met_on_an_unlike_pair(tmp_path):
     rerun's commit changed are no longer like for like, and no line of the seed block calls the target met."""
     base = "h200-seed-1-fixes-hostadamw"
     root = _repo_with(tmp_path, {base: UNPADDED, f"{base}-padded": PADDED})
-    judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
+    judged = [x for x in seed_workload_section(root) if "Remove-padding target" in x]
     assert judged and all("target 1.3x: met (like for like: one lease, the same commit" in x for x in judged)
     _set_commit(root, base, "f" * 40)
-    judged = [x for x in report.seed_workload_section(root) if "Remove-padding target" in x]
+    judged = [x for x in seed_workload_section(root) if "Remove-padding target" in x]
     assert judged and not [x for x in judged if "1.3x: met" in x]
     assert all("target 1.3x: not judged (not like for like: commit" in x for x in judged)
 
@@ -153,7 +153,7 @@ def test_the_remove_padding_target_is_never_met_on_an_unlike_pair(tmp_path):
 def test_the_arc_is_one_commit_and_arm_5_is_judged_against_arm_1_of_it(tmp_path):
     """The headline takes the commit whose lr-0 seed runs cover the most arms; a run of another commit is not in it;
     arm 5 against arm 1 is judged only when both come from that commit."""
-    from rlkit import report_arc
+    from rlkit.report import arc as report_arc
 
     arm1, arm5 = "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
     root = _repo_with(tmp_path, {f"{arm1}.session1": "h200-seed-1-fixes-hostadamw.session19",
@@ -181,7 +181,7 @@ def test_the_arc_is_one_commit_and_arm_5_is_judged_against_arm_1_of_it(tmp_path)
 
 
 def test_an_arc_rerun_from_a_newer_commit_takes_over_on_a_tie(tmp_path):
-    from rlkit import report_arc
+    from rlkit.report import arc as report_arc
 
     arm1, arm5 = "h200-seed-1-fixes-hostadamw", "h200-seed-5-master-on-host-cast-once"
     root = _repo_with(tmp_path, {f"{arm1}.session1": "h200-seed-1-fixes-hostadamw.session19",
@@ -201,7 +201,7 @@ def test_an_arc_rerun_from_a_newer_commit_takes_over_on_a_tie(tmp_path):
 
 
 def test_each_arm_says_its_net_effect_on_the_step_beside_its_own_phase():
-    from rlkit import report_arc
+    from rlkit.report import arc as report_arc
 
     base = _metrics("h200-seed-1-fixes-hostadamw.session19")
     skip = copy.deepcopy(base)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.verl
 @pytest.fixture(autouse=True)
 def clean():
     yield
-    from rlkit.patches import master_on_host_verl
+    from rlkit.patches.verl import master_on_host_verl
 
     master_on_host_verl.PATCH.revert()
     patches.revert_all()
@@ -21,7 +21,7 @@ def clean():
 def test_apply_is_idempotent_and_revert_restores_verl():
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    from rlkit.patches import master_on_host_verl
+    from rlkit.patches.verl import master_on_host_verl
 
     to, step = FSDPEngine.to, FSDPEngine.optimizer_step
     master_on_host_verl.PATCH.apply()
@@ -47,7 +47,7 @@ def test_the_wiring_engages_only_in_train_mode_with_param_offload_and_the_patch(
     from conftest import gloo_world_of_one
 
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import master_on_host_verl as wiring
+    from rlkit.patches.verl import master_on_host_verl as wiring
 
     with gloo_world_of_one():
         module = U.build_fsdp_model("tiny", torch.device("cpu"), seed=0, gradient_checkpointing=False)
@@ -92,7 +92,7 @@ def test_verl_train_mode_cycle_through_its_own_engine_matches_the_baseline(monke
     from verl.workers.engine.fsdp import transformer_impl
 
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import master_on_host_verl as wiring
+    from rlkit.patches.verl import master_on_host_verl as wiring
 
     # A CPU machine has no accelerator: let verl's context switch name one (the wiring never loads to it).
     for module in (base, transformer_impl):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rlkit import measure
+from rlkit.measure import samplers as measure
 
 
 def test_phase_timer_accumulates_repeated_phases():
@@ -117,7 +117,7 @@ def test_host_memory_reader_reports_the_nodes_used_memory():
 
 
 def test_launch_samplers_and_host_summary():
-    from rlkit import grpo
+    from rlkit.experiments import grpo
 
     sampler = measure.MemorySampler(interval_s=0.01, reader=lambda: [0.0], source="scripted")  # never started
     sampler.samples = [(0.0, [10.0]), (1.0, [12.5]), (2.0, [30.0]), (3.0, [11.0])]

@@ -163,7 +163,7 @@ def _entropy_and_peak(fn, logits):
 def test_no_grad_entropy_runs_in_row_chunks_same_values_bounded_temporaries(patch, autocast):
     from verl.utils import torch_functional as verl_F
 
-    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS
+    from rlkit.patches.verl.metric_entropy import ENTROPY_CHUNK_ROWS
 
     rows, vocab = 3 * ENTROPY_CHUNK_ROWS + 77, 1031  # a ragged last chunk
     logits = torch.randn(3, rows // 3 + 1, vocab, generator=torch.Generator().manual_seed(0)).bfloat16()[:, :-1]
@@ -184,7 +184,7 @@ def test_no_grad_entropy_runs_in_row_chunks_same_values_bounded_temporaries(patc
 def test_entropy_that_records_grad_is_one_call_over_every_row():
     from verl.utils import torch_functional as verl_F
 
-    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
+    from rlkit.patches.verl.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
 
     logits = torch.randn(ENTROPY_CHUNK_ROWS * 2 + 1, 9, requires_grad=True)
     calls = []
@@ -204,7 +204,7 @@ def test_compiled_entropy_is_one_call_as_verl_compiles_it():
     patched function is verl's single call (a chunk loop over a dynamic row count would recompile per count)."""
     from verl.utils import torch_functional as verl_F
 
-    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
+    from rlkit.patches.verl.metric_entropy import ENTROPY_CHUNK_ROWS, chunked_entropy
 
     calls = []
 
@@ -226,7 +226,7 @@ def test_cuda_entropy_temporaries_of_a_qwen3_micro_batch(patch):
     bf16 autocast. The patched forward allocates at most a chunk's temporaries; values within fp32 rounding."""
     from verl.utils import torch_functional as verl_F
 
-    from rlkit.patches.metric_entropy import ENTROPY_CHUNK_ROWS
+    from rlkit.patches.verl.metric_entropy import ENTROPY_CHUNK_ROWS
 
     logits = torch.randn(24, 8192 // 24, 151936, device="cuda", dtype=torch.bfloat16)
 

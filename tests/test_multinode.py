@@ -1,4 +1,4 @@
-"""The planner and pre-flight on several nodes (rlkit.multinode, rlkit.budget's nodes), docs/multinode.md's generated
+"""The planner and pre-flight on several nodes (rlkit.planning.multinode, rlkit.planning.budget's nodes), docs/multinode.md's generated
 block, and the checkpoint guard's HostAdamW owners. The per-node owners themselves: tests/test_multinode_ray.py."""
 import io
 import json
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import budget, multinode
+from rlkit.core.params import ParamError
 from rlkit.experiments import phase_budget
-from rlkit.model_shape import resolve_model
-from rlkit.params import ParamError
-from rlkit.patches import checkpoint_fingerprint as CF
+from rlkit.models.shape import resolve_model
+from rlkit.patches.guards import checkpoint_fingerprint as CF
+from rlkit.planning import budget, multinode, verdict
 
 QWEN3_4B = resolve_model("qwen3-4b")
 P = float(QWEN3_4B.params)
@@ -51,9 +51,9 @@ def test_network_plan_floor_and_warnings():
 
 def test_planner_host_memory_is_per_node():
     spec = budget.with_options(budget.PlanSpec(n_gpus=4, nodes=2, host_gib=500), "offload_views,cpu_optimizer_step")
-    two_nodes = budget.plan(spec)
-    one_node = budget.plan(replace(spec, n_gpus=2, nodes=1))
-    four_on_one = budget.plan(replace(spec, nodes=1))
+    two_nodes = verdict.plan(spec)
+    one_node = verdict.plan(replace(spec, n_gpus=2, nodes=1))
+    four_on_one = verdict.plan(replace(spec, nodes=1))
     assert two_nodes.host_node_peak_gib == one_node.host_node_peak_gib < four_on_one.host_node_peak_gib
     with pytest.raises(ParamError, match="nodes"):
         budget.PlanSpec(n_gpus=4, nodes=3)
@@ -107,7 +107,7 @@ def test_preflight_warns_where_the_network_binds():
 def test_docs_give_the_planners_network_bytes():
     text = (Path(__file__).resolve().parent.parent / "docs" / "multinode.md").read_text()
     block = text[text.index(multinode.DOC_BEGIN):text.index(multinode.DOC_END) + len(multinode.DOC_END)]
-    assert block == multinode.docs_block(), "docs/multinode.md is stale. Fix: python -m rlkit.multinode --write"
+    assert block == multinode.docs_block(), "docs/multinode.md is stale. Fix: python -m rlkit.planning.multinode --write"
     plan = multinode.network_plan(QWEN3_4B, nodes=2, gpus_per_node=2, owners="node")
     assert f"| qwen3-4b | 2 x 2 | node | {plan.bytes_per_node['grad_allreduce'] / 1e9:.2f} |" in block
 

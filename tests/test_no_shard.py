@@ -21,8 +21,9 @@ from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from rlkit import patches
-from rlkit.patches import PatchError, no_shard
-from rlkit.patches.no_shard import sharding_strategy_for_mesh
+from rlkit.patches import PatchError
+from rlkit.patches.fsdp import no_shard
+from rlkit.patches.fsdp.no_shard import sharding_strategy_for_mesh
 
 
 def _grad_diff_across_ranks(mesh, strategy, rank: int) -> dict:

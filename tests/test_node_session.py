@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.env import REPO_ROOT
+from rlkit.core.env import REPO_ROOT
 from rlkit.experiments import learning, update_profile
-from rlkit.recipe import ARMS, GRPORecipe
+from rlkit.recipes.grpo import ARMS, GRPORecipe
 
 SCRIPT = REPO_ROOT / "scripts" / "node_session.sh"
 JOBS = re.findall(r"^#   ([a-z0-9-]+)\s{2,}\S", SCRIPT.read_text(), flags=re.M)  # the header's job list

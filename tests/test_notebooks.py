@@ -5,8 +5,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlkit import run as R
-from rlkit.results import NBS_DIR, PARAMS_DIR, load_profile
+from rlkit.core.results import NBS_DIR, PARAMS_DIR, load_profile
+from rlkit.tools import run as R
 
 NOTEBOOKS = sorted(NBS_DIR.glob("[0-9]*.ipynb"))
 IDS = [p.stem for p in NOTEBOOKS]
@@ -26,6 +26,7 @@ METRICS_KEYS: dict[str, set[str]] = {
                       "launch_reason", "measured", "comparison", "emulated_verdict", "cost"},
     "07_does_it_learn": {"config", "synthetic", "task", "data", "model", "reward_examples", "probe", "plan", "runs",
                          "pending", "complete", "launched", "launch_reason", "steps", "curves", "analysis"},
+    "08_where_the_time_goes": {"config", "source", "rows"},
 }
 
 
@@ -63,7 +64,7 @@ def _claims_04(m):
 
 
 def _claims_05(m):
-    from rlkit.verl_logs import summarize, training_steps
+    from rlkit.verl.logs import summarize, training_steps
 
     assert m["preflight"]["available"]
     if not m["launched"] or "validated_sections" in m["verify"]:  # verl's config checked: the patches as selected
@@ -94,7 +95,7 @@ def _claims_06(m):
 
 
 def _claims_07(m):
-    from rlkit.learning_curves import analyze
+    from rlkit.analysis.learning_curves import analyze
 
     runs = m["runs"].values()
     assert [r["arm"] for r in runs] == [p["arm"] for p in m["plan"]][:len(runs)]
@@ -123,10 +124,27 @@ def _claims_07(m):
     assert not verdict["passed"] or (verdict["all_learned"] and all(r["learned"] for r in m["analysis"]["per_run"].values()))
 
 
+def _claims_08(m):
+    """Every committed seed-workload run with two trained steps has its row, and each fraction is its phase's seconds
+    over its limit's (the limit a faster phase than which is impossible)."""
+    from rlkit.core.results import OUTPUTS_DIR, committed_runs
+    from rlkit.verl.logs import training_steps
+
+    runs = [p.name for p in committed_runs(OUTPUTS_DIR / "05_grpo_qwen3_4b") if p.name.startswith(m["config"]["prefix"])
+            and len(training_steps(json.loads((p / "metrics.json").read_text()).get("steps", []))) >= 2]
+    assert runs and [r["arm"] for r in m["rows"]] == runs
+    for r in m["rows"]:
+        for phase in ("update_weights", "optimizer_step"):  # a copy's time over the pinned copy rate's
+            if r[f"{phase}_s"] and r[f"{phase}_limit_s"]:
+                assert r[f"{phase}_fraction"] == pytest.approx(r[f"{phase}_limit_s"] / r[f"{phase}_s"])
+        assert 0 < r["update_actor_fraction"] < r["update_actor_hardware_fraction"] <= 1  # recompute counts on top
+        assert r["gen_hbm_limit_s"] < r["gen_s"]  # a bound: no gen beats it
+
+
 # What each notebook claims, checked on its tiny-profile run: status, parity 0.0 where the claim is bit-exactness.
 CLAIMS = {"00_phase_budget": _claims_00, "01_offload_bug": _claims_01, "02_host_adamw": _claims_02,
           "03_cast_once": _claims_03, "04_skip_old_logprob": _claims_04, "05_grpo_qwen3_4b": _claims_05,
-          "06_util_sweep": _claims_06, "07_does_it_learn": _claims_07}
+          "06_util_sweep": _claims_06, "07_does_it_learn": _claims_07, "08_where_the_time_goes": _claims_08}
 
 
 def test_every_notebook_has_its_claims_checked():
@@ -154,7 +172,7 @@ def test_notebook_conventions(path):
     declared = R.declared_parameters(path)
     assert "results_dir" in declared
     after = nb.cells[nb.cells.index(tagged[0]) + 1].source
-    assert "rlkit.params.from_namespace(" in after, "the cell after the parameters validates them"
+    assert "rlkit.core.params.from_namespace(" in after, "the cell after the parameters validates them"
     for profile in ("tiny", "h200"):
         assert (PARAMS_DIR / f"{path.stem}.{profile}.yaml").exists(), f"missing {profile} parameter file"
         R.check_parameters(path, load_profile(path.stem, profile), f"{profile} profile")
@@ -162,7 +180,7 @@ def test_notebook_conventions(path):
 
 def _committed_launched_runs():
     """The committed GPU runs of the notebooks that launch (executed by papermill, so their metrics are a notebook's)."""
-    from rlkit.env import REPO_ROOT
+    from rlkit.core.env import REPO_ROOT
 
     for stem in ("05_grpo_qwen3_4b", "06_util_sweep", "07_does_it_learn"):
         for executed in sorted((REPO_ROOT / "outputs" / stem).glob("**/executed.ipynb")):
@@ -199,3 +217,32 @@ def test_notebook_runs_with_tiny_profile(path, tmp_path):
     missing = METRICS_KEYS.get(path.stem, set()) - set(metrics)
     assert not missing, f"metrics.json lacks {sorted(missing)}"
     CLAIMS[path.stem](metrics)
+    if path.stem in COMMITTED_GPU_RESULTS:  # they open on any machine, before this kernel's own run
+        marker, first_line, figures = COMMITTED_GPU_RESULTS[path.stem]()
+        cells = json.loads(Path(result.folder, "executed.ipynb").read_text())["cells"]
+        shown = next(json.dumps(c["outputs"]) for c in cells if marker in "".join(c["source"]))
+        assert json.dumps(first_line)[1:-1][:200] in shown and shown.count("application/vnd.plotly") == figures
+
+
+def _arc_shown():
+    from rlkit.report import arc
+
+    return "seed_arc_table", arc.seed_arc_table()[0], 2
+
+
+def _sweep_shown():
+    from rlkit.experiments import util_sweep
+
+    return "gpu_sweep", util_sweep.answer_lines(util_sweep.read_results("outputs/06_util_sweep")["runs"])[0], 0
+
+
+def _learning_shown():
+    from rlkit.experiments import learning
+
+    return "gpu_learning", learning.describe(learning.read_results("outputs/07_does_it_learn/h200")).splitlines()[0], 1
+
+
+# What notebooks 05-07 show of the committed GPU results on any machine: (a word of the cell, the first line it must
+# print, the interactive figures it draws).
+COMMITTED_GPU_RESULTS = {"05_grpo_qwen3_4b": _arc_shown, "06_util_sweep": _sweep_shown,
+                         "07_does_it_learn": _learning_shown}

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit import models, offline_model
-from rlkit.data import corpus, synthetic_rows
+from rlkit.models import offline as offline_model
+from rlkit.models import qwen as models
+from rlkit.models.data import corpus, synthetic_rows
 
 TEXTS = [
     "Solve: (12 + 7) \\times 3 = ?\nAnswer: 57",

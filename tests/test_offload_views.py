@@ -21,7 +21,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from rlkit import patches
 from rlkit.experiments._offload_row import emulated_device_moves, fsdp_handles, view_report
-from rlkit.patches import offload_views
+from rlkit.patches.fsdp import offload_views
 
 STRATEGIES = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP")
 
@@ -185,9 +185,9 @@ def test_verl_engine_offload_leaves_no_stale_views_under_the_patch(single_rank_g
     ("forward_tokens", 0, ">= 1"),
 ])
 def test_experiment_config_names_the_bad_key_and_the_fix(key, value, hint):
+    from rlkit.core.params import ParamError, build
+    from rlkit.core.results import load_profile
     from rlkit.experiments.offload_bug import NOTEBOOK, Config
-    from rlkit.params import ParamError, build
-    from rlkit.results import load_profile
 
     values = {**load_profile(NOTEBOOK, "tiny"), key: value}
     with pytest.raises(ParamError, match=rf"{key}.*{hint}|{hint}.*{key}"):
@@ -198,9 +198,9 @@ def test_reloaded_model_computes_and_trains_exactly_like_the_unpatched_one():
     """offload -> reload -> logits, one AdamW step -> logits and weights: the fixed row equals the unfixed one
     bit for bit (CPU, gloo FSDP1 NO_SHARD, use_orig_params=False: the rows the patch changes), each row in a
     fresh process as the experiment runs it; the unfixed row's own repeat shows the comparison is exact here."""
+    from rlkit.core.params import build
+    from rlkit.core.results import load_profile
     from rlkit.experiments.offload_bug import NOTEBOOK, Config, run_memory_rows
-    from rlkit.params import build
-    from rlkit.results import load_profile
 
     values = {**load_profile(NOTEBOOK, "tiny"), "use_orig_params": [False], "forward_first": [False],
               "deterministic": False}

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from rlkit import onpolicy
-from rlkit.onpolicy import check_on_policy, onpolicy_overrides, reference_config, with_overrides
+from rlkit.patches.verl import onpolicy
+from rlkit.patches.verl.onpolicy import check_on_policy, onpolicy_overrides, reference_config, with_overrides
 
 # (change to the strictly on-policy reference config, config key the reason must name)
 PRECONDITIONS = [
@@ -142,7 +142,7 @@ def test_overrides_compose_with_verls_real_config():
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    from rlkit.verl_onpolicy import skip_decision
+    from rlkit.patches.verl.onpolicy_verl import skip_decision
 
     base = _compose_verl(RECIPE)
     assert check_on_policy(base).ok

@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from rlkit import params as P
+from rlkit.core import params as P
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import preflight as PF
-from rlkit import verl_config as VC
+from rlkit.planning import preflight as PF
+from rlkit.verl import config as VC
 
 # A clean config: every trap below is off (vLLM, util in band, per-GPU keys, log stats on, eager, FSDP2).
 CLEAN = [
@@ -251,7 +251,7 @@ def test_defaults_match_verl_generated_config():
             node = node[part]
         if node == "???":  # mandatory in verl: no default
             node = None
-        assert node == expected, f"{key}: verl has {node!r}, rlkit.preflight assumes {expected!r}"
+        assert node == expected, f"{key}: verl has {node!r}, rlkit.planning.preflight assumes {expected!r}"
     for key, source in VC.FOLLOWS.items():
         node = tree
         for part in key.split("."):
@@ -328,7 +328,9 @@ def test_logits_path_rlkit_chunked_logprobs_patch():
 def test_padded_positions_follow_the_models_length_model(tmp_path):
     """A random-init folder written with the synthetic length model (its marker) makes responses shorter on
     average: unpadded micro-batches keep their token budget, padded ones hold full-length rows for each."""
-    from rlkit import length_model, models, offline_model
+    from rlkit.models import lengths as length_model
+    from rlkit.models import offline as offline_model
+    from rlkit.models import qwen as models
 
     models.preset_config("qwen3-4b").to_json_file(str(tmp_path / "config.json"))
     (tmp_path / offline_model.MARKER).write_text(json.dumps({"response_length_mean": 3000}))
@@ -347,13 +349,15 @@ def test_a_padded_plan_with_little_headroom_is_a_warning():
     headroom (8,192 tokens), or unpadded, it is the usual info."""
     from conftest import committed_run
 
-    from rlkit import grpo, params
-    from rlkit.recipe import GRPORecipe
-    from rlkit.results import OUTPUTS_DIR
+    from rlkit.core import params
+    from rlkit.core.results import OUTPUTS_DIR
+    from rlkit.experiments import grpo, grpo_runs
+    from rlkit.recipes import grpo as R
+    from rlkit.recipes.grpo import GRPORecipe
 
-    run = grpo.read_results(committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "h200-seed-1-fixes-hostadamw-padded-tok12288"))
+    run = grpo_runs.read_results(committed_run(OUTPUTS_DIR / grpo.NOTEBOOK / "h200-seed-1-fixes-hostadamw-padded-tok12288"))
     recipe = params.build(GRPORecipe, dict(run["recipe"]))
-    with grpo._local_model_overrides(recipe, run["overrides"]) as (overrides, _):
+    with R.local_model_overrides(recipe, run["overrides"]) as (overrides, _):
         def planner(tokens, remove_padding):
             changed = [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",  # a later override wins
                        f"actor_rollout_ref.model.use_remove_padding={remove_padding}"]

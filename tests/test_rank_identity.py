@@ -1,4 +1,4 @@
-"""rlkit.patches.rank_identity: the after-step check finds 0.0 on identical ranks and the difference otherwise."""
+"""rlkit.patches.instruments.rank_identity: the after-step check finds 0.0 on identical ranks and the difference otherwise."""
 import json
 import tempfile
 
@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from conftest import fresh_paths, spawn_two_ranks
 
-from rlkit.patches import rank_identity
+from rlkit.patches.instruments import rank_identity
 
 
 def _worker(rank: int, rdzv: str, out: str) -> None:
@@ -48,7 +48,7 @@ def test_records_are_read_in_step_order(tmp_path):
 
 
 def test_a_new_launch_starts_without_the_previous_launchs_records(tmp_path):
-    from rlkit.verl_job import clear_plugin_records
+    from rlkit.recipes.job import clear_plugin_records
 
     record_dir = tmp_path / "plugin_records"
     record_dir.mkdir()

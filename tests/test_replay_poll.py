@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit import params as P
-from rlkit import recipe as R
-from rlkit import verl_job
+from rlkit.core import params as P
 from rlkit.patches import PatchError
+from rlkit.recipes import check
+from rlkit.recipes import grpo as R
+from rlkit.recipes import job as verl_job
+from rlkit.recipes.overrides import render_overrides
 
 pytest.importorskip("verl")
 
@@ -19,7 +21,7 @@ def _buffer():
 
 
 def test_buffers_poll_at_the_set_interval_and_revert_restores_verls(monkeypatch):
-    from rlkit.patches import replay_poll
+    from rlkit.patches.verl import replay_poll
 
     assert _buffer().poll_interval == replay_poll.VERL_DEFAULT_S  # verl 0.9.1's default, what the patch replaces
     monkeypatch.setenv(replay_poll.ENV, "0.2")
@@ -34,7 +36,7 @@ def test_buffers_poll_at_the_set_interval_and_revert_restores_verls(monkeypatch)
 
 @pytest.mark.parametrize("raw", ["", "fast", "0", "-1", "120"])
 def test_an_unusable_interval_stops_the_apply_and_names_the_fix(monkeypatch, raw):
-    from rlkit.patches import replay_poll
+    from rlkit.patches.verl import replay_poll
 
     monkeypatch.setenv(replay_poll.ENV, raw)
     with pytest.raises(PatchError, match="RLKIT_REPLAY_POLL_S.*Fix: set the recipe's replay_poll_s"):
@@ -61,12 +63,14 @@ def test_the_recipe_lever_adds_the_patch_and_its_environment():
 def test_verl_processes_apply_it_from_the_recipe(tmp_path):
     """The tiny profile with replay_poll_s through verl's config check in a fresh process: the plugin applies the
     patch at its target's import, reading the interval launch_env set."""
-    from rlkit import data, grpo, offline_model
-    from rlkit.results import load_profile
+    from rlkit.core.results import load_profile
+    from rlkit.experiments import grpo
+    from rlkit.models import data
+    from rlkit.models import offline as offline_model
 
     r = P.build(R.GRPORecipe, {**load_profile(grpo.NOTEBOOK, "tiny"), "replay_poll_s": 0.2})
     dataset = data.synthetic_dapo(r.data_rows, out_path=tmp_path / "train.parquet")
     model = offline_model.write_offline_model(r.model, tmp_path / "model", device="cpu")
-    ov = R.render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
-    result = verl_job.verify_subprocess(r, ov, tmp_path)
+    ov = render_overrides(r, R.Paths(model=model["path"], train_file=dataset.path), tmp_path)
+    result = check.verify_subprocess(r, ov, tmp_path)
     assert "replay_poll" in result["active_patches"] and not result["pending_patches"]

@@ -4,8 +4,10 @@ import subprocess
 
 import pytest
 
-from rlkit import report, report_notebooks
-from rlkit.results import OUTPUTS_DIR, NotACheckout
+from rlkit.core.results import OUTPUTS_DIR, NotACheckout
+from rlkit.report import notebooks as report_notebooks
+from rlkit.report import sections as report
+from rlkit.report import seed_workload as report_seed
 
 
 def test_docs_match_committed_metrics():
@@ -17,7 +19,7 @@ def test_docs_match_committed_metrics():
 
 
 def test_every_block_has_a_home_and_markers():
-    from rlkit.env import REPO_ROOT
+    from rlkit.core.env import REPO_ROOT
 
     assert sorted(n for blocks in report.DOCS.values() for n in blocks) == sorted(report.BLOCKS)
     for doc, names in report.DOCS.items():
@@ -83,7 +85,7 @@ def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):
     for name in ("h200-seed-5-master-on-host-cast-once", "5-master-on-host-cast-once"):
         shutil.copytree(runs / name, root / "05_grpo_qwen3_4b" / name)
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
-    lines = report.seed_workload_section(root)
+    lines = report_seed.seed_workload_section(root)
     rows = [line for line in lines if line.startswith("| h200-seed-") or line.startswith("| 5-")]
     assert [r.split(" | ")[0] for r in rows] == ["| h200-seed-5-master-on-host-cast-once"]
     steps = json.loads((runs / "h200-seed-5-master-on-host-cast-once" / "metrics.json").read_text())["steps"]
@@ -101,7 +103,7 @@ def test_only_results_git_tracks_are_read(tmp_path):
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs/01_offload_bug/h200"], check=True)
     block = report.results_block(root=root)
     assert "**FSDP1 NO_SHARD offload**" in block and "01_offload_bug: no committed" not in block
-    from rlkit.results import committed_runs
+    from rlkit.core.results import committed_runs
 
     assert [p.name for p in committed_runs(root / "01_offload_bug")] == ["h200"]
 
@@ -128,7 +130,7 @@ def _arm(step_s, peak_gib, *, trained=True, response=256):
 
 
 def test_arc_summary_judges_the_full_arc_against_the_targets():
-    from rlkit.recipe import ARMS
+    from rlkit.recipes.grpo import ARMS
 
     later = list(ARMS)[list(ARMS).index(report.FIRST_WORKING_ARM) + 1:]
     base = {report.FIRST_WORKING_ARM: _arm(100.0, 40.0)}
@@ -170,12 +172,12 @@ def test_a_seed_variant_is_compared_with_the_run_it_varies(tmp_path):
             step["timing_s/update_actor"] *= 2
     metrics_file.write_text(json.dumps(metrics))
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
-    text = "\n".join(report.seed_workload_section(root))
+    text = "\n".join(report_seed.seed_workload_section(root))
     assert f"| {variant} |" in text and f"| {base} |" in text
     (line,) = [x for x in text.splitlines()  # the steps 2.. line (a copy also has the same step 1: a line of its own)
                if x.startswith(f"- `{variant}` against `{base}`") and "tokens, response mean" not in x]
     assert f"(`{base}` 2.00x the variant's)" in line and "(+0%)" in line  # step_s is the copied summary's
-    tokens = report.update_tokens_per_s(json.loads((runs / base / "metrics.json").read_text()))
+    tokens = report_seed.update_tokens_per_s(json.loads((runs / base / "metrics.json").read_text()))
     assert f"against {tokens:.0f} tokens/s" in line
     assert "Not like for like" not in line  # a copy: the same workload
 
@@ -199,7 +201,7 @@ def test_a_variant_of_another_workload_or_without_steps_says_so(tmp_path):
         change(metrics)
         path.write_text(json.dumps(metrics))
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
-    lines = report.seed_workload_section(root)
+    lines = report_seed.seed_workload_section(root)
     (line,) = [x for x in lines if x.startswith(f"- `{other}` against `{base}`") and "tokens, response mean" not in x]
     assert line.endswith("Not like for like: response_length_mean 1400 against 1200; lr 0.0 against 1e-06.")
     (line,) = [x for x in lines if x.startswith(f"- `{failed}` against `{base}`")]
@@ -222,12 +224,12 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
     first = [json.loads((runs / n / "metrics.json").read_text())["steps"][0] for n in (variant, rerun)]
     speed = [s["perf/total_num_tokens"] / s["timing_s/update_actor"] for s in first]
-    (line,) = [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
+    (line,) = [x for x in report_seed.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
     assert f"update_actor {speed[0]:.0f} against {speed[1]:.0f} tokens/s" in line
     assert f"{speed[1] / speed[0]:.2f}x the variant's" in line
     assert line.endswith("target 1.3x: met (like for like: one lease, the same commit (957fbb3), profile and settings apart from "
                          "attn_implementation, use_remove_padding, ppo_max_token_len_per_gpu).")
-    (steps_line,) = [x for x in report.seed_workload_section(root)
+    (steps_line,) = [x for x in report_seed.seed_workload_section(root)
                      if x.startswith(f"- `{variant}` against `h200-seed-1-fixes-hostadamw`:")]
     assert "The planner for the variant at 24,576 tokens: OOM in update_fwd_bwd" in steps_line  # why it ran at 12,288
 
@@ -235,7 +237,7 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     metrics = json.loads(metrics_file.read_text())
     metrics["steps"][0]["perf/total_num_tokens"] *= 1.01
     metrics_file.write_text(json.dumps(metrics))
-    assert not [x for x in report.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
+    assert not [x for x in report_seed.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
 
 
 def test_profiles_go_side_by_side_against_the_base_of_their_commit(tmp_path):
@@ -245,7 +247,7 @@ def test_profiles_go_side_by_side_against_the_base_of_their_commit(tmp_path):
     base. Only the fastest and its base get the detailed block."""
     import json
 
-    from rlkit import report_profile
+    from rlkit.report import profile as report_profile
 
     source = OUTPUTS_DIR / "update_profile" / "h200"
     root = tmp_path / "outputs"
@@ -282,7 +284,7 @@ def test_issue_24s_targets_judge_the_fastest_correct_variant_against_arm_5_of_it
     step target met); a faster variant that stopped early and one of another commit are no candidates."""
     import json
 
-    from rlkit import report_limits
+    from rlkit.report import limits as report_limits
 
     root = _git_repo(tmp_path)
     runs = OUTPUTS_DIR / "05_grpo_qwen3_4b"
@@ -328,7 +330,7 @@ def test_a_seed_run_outside_issue_23s_length_band_is_named(tmp_path):
     metrics["summary"]["response_length_mean"] = 0.1 * metrics["recipe"]["max_response_length"]
     path.write_text(json.dumps(metrics))
     subprocess.run(["git", "-C", str(tmp_path), "add", "outputs"], check=True)
-    (line,) = [x for x in report.seed_workload_section(root) if x.startswith("Response-length mean against the band")]
+    (line,) = [x for x in report_seed.seed_workload_section(root) if x.startswith("Response-length mean against the band")]
     assert line.endswith(f"inside: {base} 43%; outside: {short} 10%.")
 
 
@@ -353,7 +355,7 @@ def _committed_dirty_commits() -> set[str]:
     """The short commit of every committed run whose env.json records a dirty tree."""
     import json
 
-    from rlkit.results import tracked_files
+    from rlkit.core.results import tracked_files
 
     shas = (json.loads(p.read_text()).get("git_sha") or "" for p in tracked_files(OUTPUTS_DIR) if p.name == "env.json")
     return {sha[:7] for sha in shas if sha.endswith("-dirty")}

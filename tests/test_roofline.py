@@ -1,4 +1,4 @@
-"""rlkit.roofline: model FLOPs from the shape (against torch's FlopCounterMode on the tiny model and verl's own estimator),
+"""rlkit.planning.roofline: model FLOPs from the shape (against torch's FlopCounterMode on the tiny model and verl's own estimator),
 the peak table, and a
 committed GRPO run's phases against their limits."""
 import dataclasses
@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from rlkit import grpo, length_model, model_shape, roofline
-from rlkit.env import REPO_ROOT
+from rlkit.core.env import REPO_ROOT
+from rlkit.experiments import estimates, grpo_runs
+from rlkit.models import lengths as length_model
+from rlkit.models import shape as model_shape
+from rlkit.planning import roofline
 
 
 def _counted(lens, *, backward: bool = False) -> dict[str, int]:
@@ -17,7 +20,7 @@ def _counted(lens, *, backward: bool = False) -> dict[str, int]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     model = build_random_model("tiny", seed=0, attn_implementation="eager")
     assert model.config._attn_implementation == "eager"
@@ -48,7 +51,7 @@ def test_forward_flops_agree_with_torchs_flop_counter_on_the_tiny_model():
 def test_linear_params_are_the_tiny_models_linear_weights():
     import torch
 
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     model = build_random_model("tiny", seed=0)
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # the lm_head included
@@ -86,7 +89,7 @@ def test_peak_table_matches_the_longest_name_and_says_when_it_does_not_know():
     steps = [{"timing_s/step": 10.0, "timing_s/update_actor": 5.0, "prompt_length/mean": 10.0, "response_length/mean": 20.0}]
     recipe = {"train_batch_size": 2, "rollout_n": 2, "n_gpus": 1, "max_prompt_length": 16, "max_response_length": 32}
     limits = roofline.grpo_step_limits(recipe, steps, model_shape.resolve_model("tiny"), "GTX 1080", pinned_gbps=None)
-    assert limits["peak_bf16_flops"] is None and "not in rlkit.roofline" in limits["peak_source"]
+    assert limits["peak_bf16_flops"] is None and "not in rlkit.planning.roofline" in limits["peak_source"]
     assert "update_actor" not in limits["phases"] and limits["phases"]["between_phases"]["seconds"] == 5.0
 
 
@@ -111,9 +114,9 @@ def test_padding_and_recompute_are_hardware_flops_not_model_flops():
 def test_the_committed_full_arc_arm_against_its_limits():
     """Arm 5 as committed: its update runs far below the bf16 peak; old_log_prob is skipped, not compared."""
     run = REPO_ROOT / "outputs/05_grpo_qwen3_4b/5-master-on-host-cast-once"
-    metrics = grpo.read_results(run)
+    metrics = grpo_runs.read_results(run)
     gpu = json.loads((run / "env.json").read_text())["gpus"][0]["name"]
-    limits = grpo.phase_limits(metrics, gpu)
+    limits = estimates.phase_limits(metrics, gpu)
     update = limits["phases"]["update_actor"]
     assert 0 < update["fraction"] < update["hardware_fraction"] < 1
     assert update["seconds"] == metrics["summary"]["update_actor_s"]
@@ -122,7 +125,7 @@ def test_the_committed_full_arc_arm_against_its_limits():
     assert 0 <= limits["phases"]["between_phases"]["share_of_step"] < 1
 
 
-# gen's bound from the memory bandwidth (rlkit.roofline.decode_bound)
+# gen's bound from the memory bandwidth (rlkit.planning.roofline.decode_bound)
 
 def _bound(shape, pmf, **kw):
     return roofline.decode_bound(shape, sequences=kw.pop("sequences", 2), prompt_tokens=kw.pop("prompt_tokens", 3),
@@ -172,10 +175,10 @@ def test_expected_longest_response_agrees_with_sampled_lengths():
 
 
 def _committed_runs_with_gen():
-    from rlkit.verl_logs import training_steps
+    from rlkit.verl.logs import training_steps
 
     for run in sorted((REPO_ROOT / "outputs/05_grpo_qwen3_4b").glob("*/metrics.json")):
-        metrics = grpo.read_results(run.parent)
+        metrics = grpo_runs.read_results(run.parent)
         if metrics.get("launched") and len(training_steps(metrics.get("steps", []))) >= 2:
             yield run.parent, metrics
 
@@ -205,10 +208,10 @@ def test_gens_hbm_bound_never_exceeds_a_committed_gen_and_matches_the_hand_count
     decode steps of 8.0 GB weights and 2.0 TB of KV cache: 0.85 s at 4.8 TB/s)."""
     for run, metrics in _committed_runs_with_gen():
         gpu = json.loads((run / "env.json").read_text())["gpus"][0]["name"]
-        hbm = grpo.phase_limits(metrics, gpu)["phases"]["gen"]["hbm_bound"]
+        hbm = estimates.phase_limits(metrics, gpu)["phases"]["gen"]["hbm_bound"]
         assert 0 < hbm["fraction"] < 1, run.name
     one_gpu = REPO_ROOT / "outputs/05_grpo_qwen3_4b/h200-1gpu-5-master-on-host-cast-once"
-    hbm = grpo.phase_limits(grpo.read_results(one_gpu), "NVIDIA H200")["phases"]["gen"]["hbm_bound"]
+    hbm = estimates.phase_limits(grpo_runs.read_results(one_gpu), "NVIDIA H200")["phases"]["gen"]["hbm_bound"]
     assert hbm["limit_s"] == pytest.approx(0.85, abs=0.01) and hbm["hbm_source"].startswith("NVIDIA H200")
 
 

@@ -6,8 +6,8 @@ import nbformat
 import pytest
 import yaml
 
-from rlkit import run as R
-from rlkit.params import ParamError
+from rlkit.core.params import ParamError
+from rlkit.tools import run as R
 
 PARAMS = 'x = 1  # an int\nlabel = "a"  # a string\nresults_dir = ""  # render saved results\n'
 BODY = (
@@ -163,7 +163,7 @@ NOISE = ("WARNING", "without encryption", "frozen modules", "Debugger warning", 
 def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch, capfd):
     """What a newcomer sees from `rlkit run` (and so from `make demo`): the runner's progress lines and its
     summary. The kernel is a subprocess writing to the same terminal, so this reads the file descriptors."""
-    from rlkit import results
+    from rlkit.core import results
 
     path, profile = notebook
     monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
@@ -178,7 +178,7 @@ def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch
 
 
 def test_real_errors_stay_visible(notebook, tmp_path, monkeypatch, capfd):
-    from rlkit import results
+    from rlkit.core import results
 
     path, profile = notebook
     monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")

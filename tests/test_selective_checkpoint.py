@@ -8,8 +8,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.modeling_utils import PreTrainedModel
 
-from rlkit.models import build_random_model
-from rlkit.patches import PatchError, selective_checkpoint
+from rlkit.models.qwen import build_random_model
+from rlkit.patches import PatchError
+from rlkit.patches.verl import selective_checkpoint
 
 GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 

@@ -4,9 +4,10 @@ import dataclasses
 import pytest
 import torch
 
+from rlkit.core.params import ParamError
+from rlkit.core.results import load_profile
+from rlkit.experiments import onpolicy_kernels as K
 from rlkit.experiments import skip_old_logprob as exp
-from rlkit.params import ParamError
-from rlkit.results import load_profile
 
 # measure() runs in this process here: no process-wide deterministic mode (tests/test_determinism.py runs it
 # in a child, as run() does).
@@ -42,7 +43,7 @@ def test_ppo_loss_grads_and_is_weights_with_skip_equal_without(tiny_local):
 
 def test_comparison_detects_a_different_old_policy():
     """Control: the masked diff the measurement reports is non-zero when the old pass used other weights."""
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     cfg = exp.Config(**_tiny(num_sequences=4, response_length=8))
     model = build_random_model(cfg.model, seed=cfg.seed)
@@ -52,13 +53,13 @@ def test_comparison_detects_a_different_old_policy():
     def log_probs():
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     logits_to_keep=cfg.response_length + 1)
-        return exp.local_logprobs_from_logits(out.logits[:, :-1].float(), labels)
+        return K.local_logprobs_from_logits(out.logits[:, :-1].float(), labels)
 
     with torch.no_grad():
         before = log_probs()
         next(model.parameters()).add_(1e-3)
         after = log_probs()
-    assert exp._masked_max_abs_diff(before, after, batch["response_mask"]) > 0.0
+    assert K.masked_max_abs_diff(before, after, batch["response_mask"]) > 0.0
 
 
 @pytest.mark.parametrize("key,value", [
@@ -80,7 +81,7 @@ def test_config_fields_match_the_profiles():
 @pytest.mark.verl
 def test_local_copies_equal_verl_functions_bitwise():
     cfg = exp.Config(**_tiny())
-    verl_k, local_k = exp.Kernels(cfg), exp.Kernels(cfg, prefer_verl=False)
+    verl_k, local_k = K.Kernels(cfg), K.Kernels(cfg, prefer_verl=False)
     assert verl_k.source == "verl" and local_k.source == "local"
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 50, generator=gen)
@@ -124,7 +125,9 @@ def test_patch_registers_and_revert_unregisters(patch):
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from rlkit import onpolicy, patches, verl_onpolicy
+    from rlkit import patches
+    from rlkit.patches.verl import onpolicy
+    from rlkit.patches.verl import onpolicy_verl as verl_onpolicy
 
     assert "skip_old_logprob" in patches.active()
     assert get_trainer_cls(onpolicy.ONPOLICY_TRAINER) is verl_onpolicy.OnPolicySyncTrainer
@@ -172,7 +175,7 @@ def test_registered_loss_equals_decoupled_verl_with_separate_old_pass(patch, rol
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
     from verl.utils.torch_functional import logprobs_from_logits
 
-    from rlkit.onpolicy import ONPOLICY_TIS_LOSS
+    from rlkit.patches.verl.onpolicy import ONPOLICY_TIS_LOSS
 
     logits, labels, mask, adv, rollout = _loss_inputs()
     config = _actor_config(rollout_is)
@@ -204,8 +207,8 @@ def test_registered_loss_equals_decoupled_verl_with_separate_old_pass(patch, rol
 def test_plain_onpolicy_loss_ignores_the_placeholder(patch):
     from verl.trainer.ppo import core_algos
 
-    from rlkit.onpolicy import ONPOLICY_LOSS
-    from rlkit.verl_onpolicy import OnPolicyConfigError
+    from rlkit.patches.verl.onpolicy import ONPOLICY_LOSS
+    from rlkit.patches.verl.onpolicy_verl import OnPolicyConfigError
 
     logits, labels, mask, adv, _ = _loss_inputs(1)
     log_prob = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
@@ -222,7 +225,7 @@ def test_plain_onpolicy_loss_ignores_the_placeholder(patch):
 def _trainer_config(**changes):
     from omegaconf import OmegaConf
 
-    from rlkit import onpolicy
+    from rlkit.patches.verl import onpolicy
 
     cfg = onpolicy.with_overrides(onpolicy.reference_config(), {
         "trainer.v1.trainer_mode": onpolicy.ONPOLICY_TRAINER,
@@ -257,7 +260,7 @@ class _FakeTransferQueue:
 def _trainer(monkeypatch, config, fields):
     from types import SimpleNamespace
 
-    from rlkit import verl_onpolicy
+    from rlkit.patches.verl import onpolicy_verl as verl_onpolicy
 
     store = _FakeTransferQueue(fields)
     monkeypatch.setattr(verl_onpolicy, "tq", store)
@@ -284,7 +287,7 @@ def test_trainer_skips_the_forward_and_writes_the_placeholder(monkeypatch):
 
 @pytest.mark.verl
 def test_trainer_writes_zeros_without_rollout_log_probs(monkeypatch):
-    from rlkit.onpolicy import ONPOLICY_LOSS
+    from rlkit.patches.verl.onpolicy import ONPOLICY_LOSS
 
     mask = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
     config = _trainer_config(**{"actor_rollout_ref.rollout.calculate_log_probs": False,
@@ -296,7 +299,7 @@ def test_trainer_writes_zeros_without_rollout_log_probs(monkeypatch):
 
 @pytest.mark.verl
 def test_trainer_falls_back_to_verls_pass_when_not_on_policy(monkeypatch, capsys):
-    from rlkit import verl_onpolicy
+    from rlkit.patches.verl import onpolicy_verl as verl_onpolicy
 
     config = _trainer_config(**{"actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
                                 "actor_rollout_ref.actor.ppo_epochs": 2})
@@ -309,7 +312,7 @@ def test_trainer_falls_back_to_verls_pass_when_not_on_policy(monkeypatch, capsys
 
 @pytest.mark.verl
 def test_skip_decision_refuses_configs_that_would_change_training():
-    from rlkit.verl_onpolicy import OnPolicyConfigError, skip_decision
+    from rlkit.patches.verl.onpolicy_verl import OnPolicyConfigError, skip_decision
 
     with pytest.raises(OnPolicyConfigError, match="ppo_epochs"):  # our loss, but off-policy
         skip_decision(_trainer_config(**{"actor_rollout_ref.actor.ppo_epochs": 2}))
@@ -323,7 +326,7 @@ def test_skip_decision_refuses_configs_that_would_change_training():
 
 @pytest.mark.verl
 def test_driver_rollout_correction_is_held_off_and_restored():
-    from rlkit.verl_onpolicy import rollout_correction_in_loss
+    from rlkit.patches.verl.onpolicy_verl import rollout_correction_in_loss
 
     config = _trainer_config()
     with rollout_correction_in_loss(config.algorithm):
@@ -333,7 +336,7 @@ def test_driver_rollout_correction_is_held_off_and_restored():
 
 @pytest.mark.verl
 def test_metrics_are_republished_under_the_old_names():
-    from rlkit.verl_onpolicy import republish_metrics
+    from rlkit.patches.verl.onpolicy_verl import republish_metrics
 
     metrics = {"actor/entropy_loss": 2.5, "actor/rollout_corr/kl": 0.01, "actor/training/rollout_probs_diff_max": 0.2,
                "actor/pg_loss": 0.1}

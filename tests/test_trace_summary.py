@@ -1,4 +1,4 @@
-"""rlkit.trace_summary on hand-made Chrome-trace events whose answers are known: busy time counts overlapping kernels
+"""rlkit.measure.trace_summary on hand-made Chrome-trace events whose answers are known: busy time counts overlapping kernels
 once, the idle gaps are the holes between them (with their neighbours and what the host did), kernels fall into the
 categories their names and host stacks say, and syncs and device-to-host copies are counted where they were called.
 Plus the CPU fallback (operators' self time) and the capped, trimmed export."""
@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from rlkit import trace_summary as T
+from rlkit.measure import trace_stacks
+from rlkit.measure import trace_summary as T
 
 HOST = {"pid": 1, "tid": 1}
 STREAM = {"pid": 0, "tid": 7}
@@ -229,7 +230,7 @@ def test_passes_find_a_real_checkpoint_recompute_in_a_cpu_profile(tmp_path):
         with torch.profiler.record_function("rlkit_update"):
             second(checkpoint(first, x, use_reentrant=False)).square().mean().backward()
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
-    thread = T._Thread([e for e in T.load_events(tmp_path / "trace.json") if e.get("cat") == "cpu_op"])
+    thread = trace_stacks.Thread([e for e in T.load_events(tmp_path / "trace.json") if e.get("cat") == "cpu_op"])
     seen: dict[tuple[str, str], int] = {}
     for i, e in enumerate(thread.events):
         if e["name"] in ("aten::addmm", "aten::mm", "aten::silu"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit import params as P
+from rlkit.core import params as P
+from rlkit.core.results import load_profile
 from rlkit.experiments import update_phase as U
-from rlkit.results import load_profile
 
 
 def tiny(**overrides):

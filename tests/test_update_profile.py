@@ -2,7 +2,7 @@
 command line the node runs): a results folder with the gzipped trace, a summary whose invariants hold (shares sum to
 at most 1, gaps non-negative and inside the window, busy + idle = window), whose categories find the attention,
 the GEMMs, the chunked log-probs and the optimizer, and which the exported trace reproduces; FLOPs are
-rlkit.roofline's for the update's sequences. The micro-batch plan keeps verl's token limit; bad parameters are
+rlkit.planning.roofline's for the update's sequences. The micro-batch plan keeps verl's token limit; bad parameters are
 refused naming the key. A GPU test checks the CUDA trace's vocabulary (kernels, launches, syncs)."""
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import json
 
 import pytest
 
-from rlkit import params as P
-from rlkit import roofline
-from rlkit import trace_summary as T
+from rlkit.core import params as P
 from rlkit.experiments import update_profile as U
-from rlkit.model_shape import resolve_model
+from rlkit.experiments import verl_update as V
+from rlkit.experiments.update_profile_markdown import markdown
+from rlkit.measure import trace_summary as T
+from rlkit.models.shape import resolve_model
+from rlkit.planning import roofline
 
 
 def _tiny(**overrides):
@@ -32,7 +34,7 @@ def check_summary(metrics, folder):
     """The invariants every summary keeps, on the CPU and the GPU alike."""
     s = metrics["summary"]
     window, d = s["window"]["ms"], s["device"]
-    assert s["window"]["name"] == U.UPDATE and window > 0
+    assert s["window"]["name"] == V.UPDATE and window > 0
     assert 0 <= d["busy_ms"] <= window * (1 + 1e-9) and d["idle_ms"] >= 0
     assert d["busy_ms"] + d["idle_ms"] == pytest.approx(window)
     shares = [c["share"] for c in s["categories"].values()]
@@ -65,7 +67,7 @@ def check_summary(metrics, folder):
     assert trace["file"] == U.TRACE_FILE and trace["bytes"] <= metrics["config"]["trace_max_mib"] * 2**20
     assert trace["bytes"] == (folder / U.TRACE_FILE).stat().st_size
     if trace["kept"] == "the whole trace":
-        again = T.summarize(T.load_events(folder / U.TRACE_FILE), window=U.UPDATE,
+        again = T.summarize(T.load_events(folder / U.TRACE_FILE), window=V.UPDATE,
                             top_kernels=metrics["config"]["top_kernels"], top_gaps=metrics["config"]["top_gaps"])
         assert json.loads(json.dumps(again)) == s
 
@@ -81,12 +83,13 @@ def check_flops(metrics, model):
 
 
 def test_tiny_profile_on_the_cpu(tmp_path):
-    from rlkit.patches import cast_once, varlen_attention
+    from rlkit.patches.fsdp import cast_once
+    from rlkit.patches.kernels import varlen_attention
 
     folder, metrics = _run(tmp_path)
     assert {p.name for p in folder.iterdir()} == {"params.yaml", "env.json", "metrics.json", U.TRACE_FILE, U.SUMMARY_FILE}
     summary_md = (folder / U.SUMMARY_FILE).read_text()
-    assert summary_md == U.markdown(metrics) and "| chunked_logprob |" in summary_md
+    assert summary_md == markdown(metrics) and "| chunked_logprob |" in summary_md
     assert f"{metrics['summary']['host_syncs']['count']} " in summary_md
     assert not varlen_attention.PATCH.active() and not cast_once.PATCH.active()  # applied for the run, reverted
     import torch.distributed as dist
@@ -110,8 +113,8 @@ def test_tiny_profile_on_the_cpu(tmp_path):
     for category in ("attention", "gemm", "chunked_logprob", "optimizer", "elementwise"):
         assert s["categories"][category]["ms"] > 0, category
     assert s["categories"]["memcpy_memset"]["ms"] == 0
-    assert {g["region"] for g in s["idle_gaps"]["largest"]} <= {"micro_batch0", "micro_batch1", U.OPTIMIZER_REGION, None}
-    assert set(s["idle_gaps"]["by_region"]) <= {"micro_batch*", U.OPTIMIZER_REGION, "(none)"}
+    assert {g["region"] for g in s["idle_gaps"]["largest"]} <= {"micro_batch0", "micro_batch1", V.OPTIMIZER_REGION, None}
+    assert set(s["idle_gaps"]["by_region"]) <= {"micro_batch*", V.OPTIMIZER_REGION, "(none)"}
     check_flops(metrics, "tiny")
     assert metrics["flops"]["mfu_timed"] is None and metrics["flops"]["peak_bf16_flops"] is None  # no GPU peak
 
@@ -136,7 +139,7 @@ def test_plain_module_with_the_device_optimizer(tmp_path):
 def test_selective_checkpointing_profiles_the_same_update(tmp_path):
     """The tiny profile through FSDP with every layer checkpointed selectively: the same first-update loss and gradient
     norm as full checkpointing, bit for bit, with the patch active for the run and reverted after."""
-    from rlkit.patches import selective_checkpoint
+    from rlkit.patches.verl import selective_checkpoint
 
     _, full = _run(tmp_path, tag="full")
     selective_checkpoint.CALLS.clear()
@@ -149,20 +152,20 @@ def test_selective_checkpointing_profiles_the_same_update(tmp_path):
 
 def test_micro_batch_plan_keeps_verls_token_limit():
     cfg = P.build(U.Config, U.PROFILES["h200"])
-    plan = U.micro_batch_plan(cfg)
+    plan = V.micro_batch_plan(cfg)
     tokens = [sum(p + r for p, r in mb) for mb in plan]
     assert len(plan) == 4 and max(tokens) <= 24576
     assert sum(tokens) >= 0.9 * 4 * 24576  # the drawn 95 % minus at most a few dropped sequences
     assert all(p == 100 and 1 <= r <= 4096 for mb in plan for p, r in mb)
     assert max(tokens) - min(tokens) <= 4196  # balanced: within one longest sequence
-    assert U.micro_batch_plan(cfg) == plan  # deterministic per seed
-    assert U.pack([5, 1, 4, 2, 3], 2) == [[0, 1, 3], [2, 4]]  # 5, 4, 3 (to 4), 2 (to 5), 1: 5+1+2 / 4+3
+    assert V.micro_batch_plan(cfg) == plan  # deterministic per seed
+    assert V.pack([5, 1, 4, 2, 3], 2) == [[0, 1, 3], [2, 4]]  # 5, 4, 3 (to 4), 2 (to 5), 1: 5+1+2 / 4+3
 
 
 def test_micro_batch_tensors_mask_the_response_labels():
     import torch
 
-    batch = U.make_micro_batch([(3, 2), (2, 4)], vocab=50, gen=torch.Generator().manual_seed(0))
+    batch = V.make_micro_batch([(3, 2), (2, 4)], vocab=50, gen=torch.Generator().manual_seed(0))
     assert batch["input_ids"].shape == (1, 11)
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]]
     # label at i is token i + 1; it is a response token from the prompt's last position to the one before the end

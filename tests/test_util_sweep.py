@@ -6,12 +6,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlkit import budget, grpo, verl_job, verl_logs, vllm_terms
-from rlkit import recipe as recipe_module
-from rlkit import params as P
+from rlkit.core import params as P
+from rlkit.core.jsonio import write_json_atomic
+from rlkit.core.results import NBS_DIR, load_profile, read_metrics
+from rlkit.experiments import grpo, grpo_runs
 from rlkit.experiments import util_sweep as U
-from rlkit.jsonio import write_json_atomic
-from rlkit.results import NBS_DIR, load_profile, read_metrics
+from rlkit.planning import budget, verdict, vllm_terms
+from rlkit.recipes import grpo as recipe_module
+from rlkit.recipes import job as verl_job
+from rlkit.verl import logs as verl_logs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "util_sweep_logs.txt"
 
@@ -78,7 +81,7 @@ def test_every_case_patch_is_modelled_by_the_planner():
 # ------------------------------------------------------------------------------------------- emulation
 
 def test_vllm_asks_for_its_share_of_the_emulated_card():
-    from rlkit import emulate_card
+    from rlkit.patches.instruments import emulate_card
 
     # What vLLM 0.24's request_memory computes, ceil(total * util), on the total the emulation reports.
     _, total = emulate_card.emulated_mem_info(100 * budget.GIB, int(139.8 * budget.GIB), int(47.4 * budget.GIB))
@@ -221,7 +224,7 @@ def test_planner_vs_measured_table_on_saved_results(tmp_path):
         ("doc_small", 0.4, "doc_small-u0.4"), ("doc_small", 0.6, "doc_small-u0.6")]
     table = U.comparison_table(runs)
     for run in runs:
-        plan = budget.plan(U.planner_spec(P.build(U.Config, run["config"]))).as_dict()
+        plan = verdict.plan(U.planner_spec(P.build(U.Config, run["config"]))).as_dict()
         rows = {r["quantity"]: r for r in table if r["util"] == run["config"]["gpu_memory_utilization"]}
         assert rows["kv_pool_gib"]["planner"] == pytest.approx(plan["kv_pool_gib"])
         assert rows["kv_pool_gib"]["ratio"] == pytest.approx(28.91 / plan["kv_pool_gib"])
@@ -272,7 +275,7 @@ def test_a_real_oom_is_the_first_update_oom(tmp_path):
 # ------------------------------------------------------------------------------------------- notebook
 
 def test_notebook_parameters_are_the_config_fields():
-    from rlkit import run as R
+    from rlkit.tools import run as R
 
     path = NBS_DIR / f"{U.NOTEBOOK}.ipynb"
     declared = R.declared_parameters(path)
@@ -301,7 +304,7 @@ def test_run_on_cpu_validates_the_launch_and_measures_nothing(tmp_path):
 
 REPLAY = r"""
 import json, os, sys, time
-from rlkit.verl_logs import parse_console_metrics
+from rlkit.verl.logs import parse_console_metrics
 lines = open(sys.argv[1]).read().splitlines()
 metrics = open(os.environ["VERL_FILE_LOGGER_PATH"], "w")  # as verl's FileLogger: one record per logged step
 for line in lines:
@@ -324,7 +327,7 @@ def replay_instead_of_verl(tmp_path, monkeypatch, section: str, sleep_s: float =
     """The verl command becomes a child replaying a fixture section; the GPU reader a constant 2 GiB."""
     import sys
 
-    from rlkit import measure
+    from rlkit.measure import samplers as measure
 
     log = tmp_path / "section.log"
     log.write_text(sections()[section])
@@ -370,7 +373,7 @@ def test_isolated_input_preparation_matches_in_process():
 
 
 def _replayed_recipe_launch(tmp_path, monkeypatch, section: str, exit_code: int, **changes):
-    """rlkit.grpo.launch_verl with the verl job replaced by the fixture replay (plumbing only)."""
+    """rlkit.experiments.grpo.launch_verl with the verl job replaced by the fixture replay (plumbing only)."""
     replay_instead_of_verl(tmp_path, monkeypatch, section, exit_code=exit_code)
     monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
     recipe = recipe_module.GRPORecipe(model="tiny", n_gpus=1, steps=2, timeout_s=30, **changes)
@@ -387,7 +390,7 @@ def test_recipe_launch_returns_an_unexpected_oom_as_the_arms_result(tmp_path, mo
     result = _replayed_recipe_launch(tmp_path, monkeypatch, "update_oom", exit_code=1)
     assert result["failure"]["kind"] == "torch_oom"
     metrics = {"launched": True, "recipe": {"steps": 2, "expect_failure": False}, "launch": result, "steps": []}
-    assert grpo.outcome(metrics).startswith("torch_oom in ") and "expected" not in grpo.outcome(metrics)
+    assert grpo_runs.outcome(metrics).startswith("torch_oom in ") and "expected" not in grpo_runs.outcome(metrics)
 
 
 def test_recipe_launch_raises_on_a_crash_that_is_not_a_memory_failure(tmp_path, monkeypatch):
@@ -446,7 +449,7 @@ def test_run_in_own_session_logs_every_line_and_stops_the_session_on_timeout(tmp
 
 
 def test_stop_running_sessions_ends_the_sessions_waited_on_in_other_threads(tmp_path):
-    """What an interrupted caller of side-by-side runs does (rlkit.experiments.learning): every session in flight is
+    """What an interrupted caller of side-by-side runs does (rlkit.experiments.learning_runs): every session in flight is
     stopped, and the thread waiting on it returns with the session's exit code, not at its time limit."""
     import sys
     import threading
@@ -511,7 +514,7 @@ def _update_measured(device_peak: float, allocated: float, reserved: float) -> d
 
 
 def test_the_update_is_judged_without_the_actors_allocator_cache():
-    plan = budget.plan(U.planner_spec(config(case="qwen3_4b_48g"))).as_dict()
+    plan = verdict.plan(U.planner_spec(config(case="qwen3_4b_48g"))).as_dict()
     cached = U.emulated_verdict(_update_measured(50.0, 40.0, 47.4), 47.4, plan)
     assert cached["update_fits"] is True and cached["phases_over"] == {"update_actor": 50.0}
     b = cached["update_breakdown"]

@@ -9,9 +9,11 @@ import pytest
 import torch
 from _verl_engine import assert_update_matches, build_fused, engine_update, fp32_bound, restored_verl_model_patches
 
-from rlkit import models, patches
-from rlkit.patches import PatchError, varlen_attention
-from rlkit.patches.varlen_attention import NAME, find_segments, segments_from_padding_mask, segments_from_position_ids
+from rlkit import patches
+from rlkit.models import qwen as models
+from rlkit.patches import PatchError
+from rlkit.patches.kernels import varlen_attention
+from rlkit.patches.kernels.varlen_attention import NAME, find_segments, segments_from_padding_mask, segments_from_position_ids
 
 BF16_EPS = torch.finfo(torch.bfloat16).eps
 PROMPTS, RESPONSES = [5, 3, 6, 2], [7, 4, 6, 9]
@@ -55,7 +57,7 @@ def test_one_forward_finds_the_boundaries_once(patch, monkeypatch):
 def test_remove_padding_update_matches_verls_padded_sdpa(patch, monkeypatch, fused):
     """verl's packed path (one row, position resets, attention_mask=None) with rlkit_varlen against its padded
     path with SDPA: same model, same GRPO micro-batch, through the engine's own input/output code and ppo_loss."""
-    from rlkit.patches import chunked_logprobs
+    from rlkit.patches.kernels import chunked_logprobs
 
     found = []
     original = varlen_attention.segments_from_position_ids
@@ -106,7 +108,7 @@ def test_verls_model_config_and_transformers_loader_accept_the_name(tmp_path):
     from transformers import AutoModelForCausalLM
     from verl.workers.config import HFModelConfig
 
-    from rlkit.offline_model import write_offline_model
+    from rlkit.models.offline import write_offline_model
 
     write_offline_model("tiny", tmp_path, dtype="float32", device="cpu")
     config = HFModelConfig(path=str(tmp_path), override_config={"attn_implementation": NAME}, use_remove_padding=True)

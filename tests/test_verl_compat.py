@@ -1,9 +1,9 @@
-"""The compatibility tier's verdicts (rlkit.verl_compat): what counts as a regression, and what the committed runs say.
+"""The compatibility tier's verdicts (rlkit.tools.verl_compat): what counts as a regression, and what the committed runs say.
 The tier itself (verl's own tests three ways) is `make verl-compat`, which CI runs after the suite."""
 from __future__ import annotations
 
-from rlkit import verl_compat as V
-from rlkit.results import OUTPUTS_DIR, read_metrics
+from rlkit.core.results import OUTPUTS_DIR, read_metrics
+from rlkit.tools import verl_compat as V
 
 RUNS = OUTPUTS_DIR / V.EXPERIMENT
 

@@ -1,10 +1,10 @@
-"""rlkit.verl_logs: verl's per-step metrics from its own file logger, and the console fallback for older runs."""
+"""rlkit.verl.logs: verl's per-step metrics from its own file logger, and the console fallback for older runs."""
 import json
 
 import numpy as np
 import pytest
 
-from rlkit import verl_logs
+from rlkit.verl import logs as verl_logs
 
 
 @pytest.mark.verl

@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from rlkit.verl_job import check_plugin_records, read_plugin_records
+from rlkit.recipes.job import check_plugin_records, read_plugin_records
 
 ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 
@@ -43,7 +43,7 @@ def _results(proc: subprocess.CompletedProcess) -> dict:
 
 def test_entry_point_is_declared_in_verl_group():
     found = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert found.get("rlkit") == "rlkit.verl_plugin"
+    assert found.get("rlkit") == "rlkit.patches.verl_plugin"
 
 
 @pytest.mark.verl
@@ -109,7 +109,7 @@ def test_a_version_mismatch_still_fails_import_verl(tmp_path):
     a BaseException verl's loader cannot swallow), before any patch waits for its target."""
     proc = _run(tmp_path, f"""
         import sys
-        from rlkit.patches import no_shard
+        from rlkit.patches.fsdp import no_shard
         no_shard.PATCH.requires = {{**no_shard.PATCH.requires, "verl": "==0.0.1"}}  # written for another verl
         try:
             import verl
@@ -143,7 +143,7 @@ def test_a_failing_deferred_apply_raises_from_the_import_that_triggered_it(tmp_p
     patch and writes the error record. The patch is not dropped: the next import retries it and fails again,
     so the process cannot carry on importing verl as if it were patched."""
     proc = _run(tmp_path, f"""
-        from rlkit.patches import no_shard
+        from rlkit.patches.fsdp import no_shard
         def apply_fn():  # what a verl whose engine lost the patched function would do
             raise AttributeError("module has no attribute 'get_sharding_strategy'")
         no_shard.PATCH.apply_fn = apply_fn

@@ -10,8 +10,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from rlkit import doctor, patches
+from rlkit import patches
 from rlkit.patches import SUPPORTED
+from rlkit.tools import doctor
 
 # dist -> (versions every patch that requires it accepts, versions every such patch refuses): both ends of the range
 # and just outside, the node's / CI's / PyPI's versions, local tags, a pre-release of the next minor.

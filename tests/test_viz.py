@@ -8,11 +8,11 @@ from dataclasses import asdict
 
 import pytest
 
-from rlkit import budget
-from rlkit import params as P
-from rlkit.env import REPO_ROOT
+from rlkit.core import params as P
+from rlkit.core.env import REPO_ROOT
+from rlkit.core.results import load_profile
 from rlkit.experiments import phase_budget
-from rlkit.results import load_profile
+from rlkit.planning import budget, verdict
 from rlkit.viz import arms as VA
 from rlkit.viz import budget as VB
 from rlkit.viz import pick as VP
@@ -116,7 +116,7 @@ def test_budget_draw_is_plain_and_says_what_is_wrong(cfg):
     state = VB.state_from_spec(cfg.spec(""))
     view = VB.draw(state, cfg.spec(""))
     assert set(view.figures) == {"bars"} and set(view.texts) == {"verdict", "kv", "preflight", "export"}
-    p = budget.plan(VB.spec_from_state(state, cfg.spec("")))
+    p = verdict.plan(VB.spec_from_state(state, cfg.spec("")))
     assert p.verdict in view.texts["verdict"] and str(p.max_concurrent_seqs) in view.texts["kv"]
     bad = VB.draw({**state, "rank0_owner": True}, cfg.spec(""))  # a mode of the host step, without it
     assert "not a valid setting" in bad.texts["verdict"] and "rank0_owner" in bad.texts["verdict"]
@@ -127,7 +127,7 @@ def test_budget_bars_are_the_plan(cfg):
     spec = cfg.spec("offload_views")
     state = VB.state_from_spec(spec)
     fig = VB.draw(state, spec).figures["bars"]
-    p = budget.plan(VB.spec_from_state(state, spec))
+    p = verdict.plan(VB.spec_from_state(state, spec))
     stacked = {t.name: list(t.y) for t in fig.data if t.name in budget.DEVICE_COMPONENTS}
     for i, ph in enumerate(p.device_gib):
         assert sum(ys[i] for ys in stacked.values()) == pytest.approx(p.device_total_gib[ph])
@@ -139,11 +139,12 @@ def test_budget_bars_are_the_plan(cfg):
                                           "skip_old_logprob")])
 def test_budget_export_round_trips_to_the_same_plan(cfg, options, capsys):
     """The exported `-p` lines build the same GRPORecipe, `rlkit grpo render` accepts them, and the planner read
-    back from the recipe's verl overrides (rlkit.preflight) is the explorer's plan, but for what overrides do not
+    back from the recipe's verl overrides (rlkit.planning.preflight) is the explorer's plan, but for what overrides do not
     carry (the logits path: how verl is installed; the non-torch and CUDA-graph estimates; host size)."""
-    from rlkit import grpo, preflight
-    from rlkit.recipe import NOTEBOOK, GRPORecipe
-    from rlkit.results import parse_overrides
+    from rlkit.core.results import parse_overrides
+    from rlkit.experiments import grpo
+    from rlkit.planning import preflight
+    from rlkit.recipes.grpo import NOTEBOOK, GRPORecipe
 
     spec = cfg.spec(options)
     state = {**VB.state_from_spec(spec), "lora_rank": 0}
@@ -194,7 +195,7 @@ def test_budget_notes_a_logits_path_no_override_chooses(cfg):
 
 def test_flow_dict_override_is_read():
     """Hydra's {a:b,c:d} (what the recipe renders for HostAdamW) is a dict to the pre-flight."""
-    from rlkit.verl_config import parse_overrides
+    from rlkit.verl.config import parse_overrides
 
     tree = parse_overrides(["x.cfg={pin_memory:true,rank0_owner:true}", "y={url:http://h:1}"])
     assert tree["x"]["cfg"] == {"pin_memory": True, "rank0_owner": True}
@@ -252,16 +253,16 @@ def test_arms_memory_is_planner_beside_measured():
 
 
 def test_arms_limits_are_each_phase_beside_its_limit():
-    """Arm 5 of the seed's workload: its update_actor bar at the limit is rlkit.roofline's limit (the dense bf16
+    """Arm 5 of the seed's workload: its update_actor bar at the limit is rlkit.planning.roofline's limit (the dense bf16
     peak) and its measured bar verl's seconds, both from the committed run; the limit of a phase without one (gen,
     where no standalone vLLM of the shape is committed) is its measured time, hatched; a run without steps gets
     a message."""
-    from rlkit import grpo
-    from rlkit.env import gpu_name, read_saved
+    from rlkit.core.env import gpu_name, read_saved
+    from rlkit.experiments import estimates, grpo_runs
 
     name = "h200-seed-5-master-on-host-cast-once"
     data = VA.load(str(ARMS_DIR)) if (ARMS_DIR / name).exists() else pytest.skip("no committed seed arm 5")
-    want = grpo.phase_limits(grpo.read_arms(str(ARMS_DIR))[name], gpu_name(read_saved(ARMS_DIR / name)))["phases"]
+    want = estimates.phase_limits(grpo_runs.read_arms(str(ARMS_DIR))[name], gpu_name(read_saved(ARMS_DIR / name)))["phases"]
     bars = {t.name: t for t in VA.limits_figure(data, (name,)).data}
     assert tuple(bars["update_actor"].y) == (want["update_actor"]["seconds"], want["update_actor"]["limit_s"])
     assert want["gen"]["limit_s"] is None  # mean 1200: no ceiling of that shape is committed

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit import report_arc
+from rlkit.report import arc as report_arc
 from rlkit.viz import arc
 
 
@@ -27,7 +27,7 @@ def test_each_trained_runs_stack_is_its_step_and_a_failed_run_says_why(runs):
 
 
 def test_memory_sets_the_planner_beside_each_measured_peak(runs):
-    from rlkit.grpo import planner_check
+    from rlkit.experiments.estimates import planner_check
 
     fig = arc.memory_figure(runs)
     measured, planner = fig.data

@@ -1,4 +1,4 @@
-"""rlkit.experiments.vllm_ceiling (the gen ceiling's measurement, issue 24 item 1) and rlkit.roofline's reading of it.
+"""rlkit.experiments.vllm_ceiling (the gen ceiling's measurement, issue 24 item 1) and rlkit.planning.roofline's reading of it.
 
 CPU only: the Config from notebook 05's profiles, verl 0.9.1's rollout settings read from verl's own config, the
 request and result helpers on stand-ins for vLLM's outputs, and the roofline against ceilings written into a
@@ -11,23 +11,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit import model_shape, roofline
-from rlkit import params as P
+from rlkit.core import params as P
+from rlkit.core.results import load_profile
 from rlkit.experiments import vllm_ceiling as V
-from rlkit.results import load_profile
+from rlkit.experiments import vllm_ceiling_config as VC
+from rlkit.experiments.vllm_ceiling_requests import first_batch
+from rlkit.models import shape as model_shape
+from rlkit.planning import roofline
 
 
 # --------------------------------------------------------------------------------------------- Config
 @pytest.mark.parametrize("profile", ["h200-seed", "h200"])
 def test_config_takes_the_profiles_workload_and_verls_rollout_settings(profile):
-    cfg = V.config_from_profile(profile)
-    values = load_profile(V.PROFILE_NOTEBOOK, profile)
+    cfg = VC.config_from_profile(profile)
+    values = load_profile(VC.PROFILE_NOTEBOOK, profile)
     assert cfg.profile == profile
-    assert {k: getattr(cfg, k) for k in V.RECIPE_KEYS} == {k: values[k] for k in V.RECIPE_KEYS}
-    assert {k: getattr(cfg, k) for k in V.VERL_ROLLOUT} == V.VERL_ROLLOUT
+    assert {k: getattr(cfg, k) for k in VC.RECIPE_KEYS} == {k: values[k] for k in VC.RECIPE_KEYS}
+    assert {k: getattr(cfg, k) for k in VC.VERL_ROLLOUT} == VC.VERL_ROLLOUT
     assert cfg.sequences_per_replica == values["train_batch_size"] * values["rollout_n"] * values["rollout_tp"] // values["n_gpus"]
     recipe = cfg.recipe()  # the very inputs the run uses
-    from rlkit.recipe import GRPORecipe, default_paths
+    from rlkit.recipes.grpo import GRPORecipe, default_paths
 
     run_recipe = P.build(GRPORecipe, {k: v for k, v in values.items() if k != "results_dir"})
     assert default_paths(recipe) == default_paths(run_recipe)
@@ -35,33 +38,33 @@ def test_config_takes_the_profiles_workload_and_verls_rollout_settings(profile):
 
 
 def test_h200_profile_measures_one_of_its_two_replicas():
-    cfg = V.config_from_profile("h200")
+    cfg = VC.config_from_profile("h200")
     assert (cfg.n_gpus, cfg.replicas, cfg.sequences_per_replica) == (2, 2, 128)
-    assert V.config_from_profile("h200-seed").sequences_per_replica == 256
+    assert VC.config_from_profile("h200-seed").sequences_per_replica == 256
 
 
 def test_overrides_are_strict_and_say_the_fix():
     with pytest.raises(P.ParamError, match=r"unknown .*\['temprature'\].*Fix: correct the spelling"):
-        V.config_from_profile("h200-seed", {"temprature": 0.5})
+        VC.config_from_profile("h200-seed", {"temprature": 0.5})
     with pytest.raises(P.ParamError, match=r"\['lr'\].*do not change what vLLM generates\. Fix: drop them"):
-        V.config_from_profile("h200-seed", {"lr": 0.0})
+        VC.config_from_profile("h200-seed", {"lr": 0.0})
     with pytest.raises(P.ParamError, match=r"Config\.top_k: expected int"):
-        V.config_from_profile("h200-seed", {"top_k": "all"})
+        VC.config_from_profile("h200-seed", {"top_k": "all"})
     with pytest.raises(P.ParamError, match=r"Config\.n_gpus: .*Fix: choose n_gpus"):
-        V.config_from_profile("h200-seed", {"n_gpus": 3})
+        VC.config_from_profile("h200-seed", {"n_gpus": 3})
     with pytest.raises(P.ParamError, match=r"Config\.max_model_len: .*Fix: null"):
-        V.config_from_profile("h200-seed", {"max_model_len": 1024})
-    cfg = V.config_from_profile("h200-seed", {"train_batch_size": 4, "warmup_sequences": 2})
+        VC.config_from_profile("h200-seed", {"max_model_len": 1024})
+    cfg = VC.config_from_profile("h200-seed", {"train_batch_size": 4, "warmup_sequences": 2})
     assert cfg.sequences_per_replica == 32 and cfg.recipe().ppo_mini_batch_size == 4
 
 
 def test_a_profile_that_changes_verls_rollout_is_refused(tmp_path):
-    values = load_profile(V.PROFILE_NOTEBOOK, "h200-seed")
+    values = load_profile(VC.PROFILE_NOTEBOOK, "h200-seed")
     values["extra_overrides"] = ["actor_rollout_ref.rollout.max_num_seqs=64"]
     path = tmp_path / "changed.yaml"
     path.write_text(json.dumps(values))  # JSON is YAML
     with pytest.raises(P.ParamError, match=r"extra_overrides .*max_num_seqs=64.*Fix: give the same values as -p"):
-        V.config_from_profile(str(path))
+        VC.config_from_profile(str(path))
 
 
 def test_cli_dry_run_and_a_bad_key(capsys):
@@ -74,8 +77,8 @@ def test_cli_dry_run_and_a_bad_key(capsys):
 
 def test_the_module_imports_and_builds_its_config_without_vllm():
     code = ("import sys; sys.modules['vllm'] = None\n"  # any `import vllm` now raises ImportError
-            "from rlkit.experiments import vllm_ceiling as V\n"
-            "cfg = V.config_from_profile('h200-seed')\n"
+            "from rlkit.experiments import vllm_ceiling as V, vllm_ceiling_config as VC\n"
+            "cfg = VC.config_from_profile('h200-seed')\n"
             "V.engine_kwargs(cfg, 'm', 40960); V.sampling_kwargs(cfg, 100, 40960)\n"
             "assert sys.modules['vllm'] is None\n")
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
@@ -94,18 +97,18 @@ def _verl_source(relative: str) -> str:
 @pytest.mark.parametrize("profile", ["h200-seed", "h200"])
 def test_rollout_settings_are_verls_own(profile):
     """The engine and sampling settings equal what verl 0.9.1 composes for the same profile: this fails when verl's
-    defaults drift from rlkit.experiments.vllm_ceiling.VERL_ROLLOUT."""
+    defaults drift from rlkit.experiments.vllm_ceiling_config.VERL_ROLLOUT."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from rlkit.recipe import render_overrides
-    from rlkit.verl_job import compose_verl_config
+    from rlkit.recipes.check import compose_verl_config
+    from rlkit.recipes.overrides import render_overrides
 
-    cfg = V.config_from_profile(profile)
+    cfg = VC.config_from_profile(profile)
     rollout = compose_verl_config(render_overrides(cfg.recipe())).actor_rollout_ref.rollout
     config = omega_conf_to_dataclass(rollout)  # verl.workers.config.RolloutConfig: the dataclass's own defaults too
-    from_verl = {k: getattr(config, k) for k in V.VERL_ROLLOUT
+    from_verl = {k: getattr(config, k) for k in VC.VERL_ROLLOUT
                  if k not in ("cudagraph_mode", "distributed_executor_backend", "worker_extension_cls")}
-    assert from_verl == {k: V.VERL_ROLLOUT[k] for k in from_verl}
+    assert from_verl == {k: VC.VERL_ROLLOUT[k] for k in from_verl}
     assert (config.gpu_memory_utilization, config.enforce_eager, config.tensor_model_parallel_size) == (
         cfg.gpu_memory_utilization, cfg.enforce_eager, cfg.rollout_tp)
     assert (config.prompt_length, config.response_length, config.n) == (
@@ -152,7 +155,7 @@ def test_first_batch_is_what_verls_sampler_draws():
 
     sampler = RandomSampler(data_source=list(range(100)), generator=torch.Generator().manual_seed(3))
     drawn = list(sampler)
-    batch, warm = V.first_batch(100, 32, 8, seed=3)
+    batch, warm = first_batch(100, 32, 8, seed=3)
     assert batch == drawn[:32] and warm == drawn[32:40]
 
 
@@ -181,13 +184,13 @@ def test_kv_cache_from_the_block_count_or_a_reason():
 
 
 def test_an_unemulated_vllm_is_an_error(tmp_path):
-    cfg = V.config_from_profile("h200-seed")
+    cfg = VC.config_from_profile("h200-seed")
     with pytest.raises(RuntimeError, match="no vLLM process recorded the emulated card"):
         V.emulation_check(cfg, tmp_path)
     (tmp_path / "w.json").write_text(json.dumps({"instruments": {"emulated_card": {"gib": 47.4}}, "error": None}))
     assert V.emulation_check(cfg, tmp_path)["processes_emulated"] == 1
     env = V.engine_env(cfg, tmp_path)
-    assert env["RLKIT_EMULATE_GPU_GIB"] == "47.4" and "rlkit.verl_plugin" in env["VERL_USE_EXTERNAL_MODULES"]
+    assert env["RLKIT_EMULATE_GPU_GIB"] == "47.4" and "rlkit.patches.verl_plugin" in env["VERL_USE_EXTERNAL_MODULES"]
 
 
 # --------------------------------------------------------------------------- the roofline's reading
@@ -211,12 +214,12 @@ def _ceiling(root: Path, tag: str, cfg, tok_s: float, when: str, gpu: str = GPU,
 
 
 def _recipe(profile: str) -> dict:
-    return load_profile(V.PROFILE_NOTEBOOK, profile)
+    return load_profile(VC.PROFILE_NOTEBOOK, profile)
 
 
 def test_the_newest_matching_committed_ceiling_is_read(tmp_path):
     root = _repo(tmp_path)
-    seed = V.config_from_profile("h200-seed")
+    seed = VC.config_from_profile("h200-seed")
     recipe = _recipe("h200-seed")
     assert "no standalone vLLM measurement committed" in roofline.vllm_ceiling(recipe, GPU, root=root)["reason"]
     _ceiling(root, "old", seed, 1000.0, "2026-12-01T10:00:00+00:00")
@@ -229,8 +232,8 @@ def test_the_newest_matching_committed_ceiling_is_read(tmp_path):
 
 def test_a_ceiling_of_another_shape_or_gpu_is_not_used_and_the_reason_says_why(tmp_path):
     root = _repo(tmp_path)
-    _ceiling(root, "h200", V.config_from_profile("h200"), 5000.0, "2026-12-01T10:00:00+00:00")
-    _ceiling(root, "a100", V.config_from_profile("h200-seed"), 3000.0, "2026-12-01T10:00:00+00:00", gpu="NVIDIA A100")
+    _ceiling(root, "h200", VC.config_from_profile("h200"), 5000.0, "2026-12-01T10:00:00+00:00")
+    _ceiling(root, "a100", VC.config_from_profile("h200-seed"), 3000.0, "2026-12-01T10:00:00+00:00", gpu="NVIDIA A100")
     found = roofline.vllm_ceiling(_recipe("h200-seed"), GPU, root=root)
     assert found["output_tok_s"] is None and found["source"] is None
     assert "h200: " in found["reason"] and "max_response_length 256 (run: 4096)" in found["reason"]
@@ -238,7 +241,7 @@ def test_a_ceiling_of_another_shape_or_gpu_is_not_used_and_the_reason_says_why(t
 
 
 def test_outside_a_checkout_no_ceiling_counts_as_committed(tmp_path):
-    _ceiling(tmp_path, "h200-seed", V.config_from_profile("h200-seed"), 2000.0, "2026-12-01", add=False)
+    _ceiling(tmp_path, "h200-seed", VC.config_from_profile("h200-seed"), 2000.0, "2026-12-01", add=False)
     found = roofline.vllm_ceiling(_recipe("h200-seed"), GPU, root=tmp_path)
     assert found["output_tok_s"] is None and "no committed ceiling can be read" in found["reason"]
 
@@ -246,7 +249,7 @@ def test_outside_a_checkout_no_ceiling_counts_as_committed(tmp_path):
 def test_gen_limit_is_generated_tokens_per_replica_over_the_ceiling(tmp_path):
     root = _repo(tmp_path)
     recipe = _recipe("h200")  # 2 GPUs: each replica generates half of the 32 x 8 responses
-    _ceiling(root, "h200", V.config_from_profile("h200"), 4000.0, "2026-12-01T10:00:00+00:00")
+    _ceiling(root, "h200", VC.config_from_profile("h200"), 4000.0, "2026-12-01T10:00:00+00:00")
     steps = [{"timing_s/step": 40.0, "timing_s/gen": 16.0, "prompt_length/mean": 100.0, "response_length/mean": 250.0}]
     shape = model_shape.resolve_model("qwen3-4b")
     ceiling = roofline.vllm_ceiling(recipe, GPU, root=root)

@@ -1,4 +1,4 @@
-"""rlkit.vllm_terms: the planner's CUDA-graph term is what vLLM logged for the model in committed runs (issue 41), its
+"""rlkit.planning.vllm_terms: the planner's CUDA-graph term is what vLLM logged for the model in committed runs (issue 41), its
 default only where no run measured it, and none with enforce_eager."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 import shutil
 import subprocess
 
-from rlkit import preflight, vllm_terms
-from rlkit.results import OUTPUTS_DIR
-from rlkit.verl_logs import parse_vllm_log
+from rlkit.core.results import OUTPUTS_DIR
+from rlkit.planning import preflight, vllm_terms
+from rlkit.verl.logs import parse_vllm_log
 
 RUN = "h200-seed-1-fixes-hostadamw.session19"
 

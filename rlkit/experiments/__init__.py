@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from rlkit import params as P
-from rlkit.results import ResultsFolder, load_profile, parse_overrides
+from rlkit.core import params as P
+from rlkit.core.results import ResultsFolder, load_profile, parse_overrides
+from rlkit.measure.environment import environment_report
 
 
 def experiment_main(config_cls, run_fn: Callable[..., dict], notebook: str, argv=None,
@@ -47,7 +48,7 @@ def experiment_main(config_cls, run_fn: Callable[..., dict], notebook: str, argv
     folder = ResultsFolder.create(notebook, tag, root=ns.out)
     with folder.writing() as work_dir:
         folder.write_params(P.as_dict(cfg))
-        folder.write_env()
+        folder.write_env(environment_report())
         wants_dir = "out_dir" in inspect.signature(run_fn).parameters
         folder.write_metrics(run_fn(cfg, out_dir=work_dir) if wants_dir else run_fn(cfg))
     print(f"results: {folder.path}")
@@ -81,7 +82,7 @@ def run_built_in(ns, config_cls, profiles: dict[str, dict], notebook: str,
     folder = ResultsFolder.create(notebook, ns.tag or profile, root=ns.out)
     with folder.writing() as work_dir:
         folder.write_params(P.as_dict(cfg))
-        folder.write_env()
+        folder.write_env(environment_report())
         metrics = produce(cfg, Path(work_dir))
         folder.write_metrics(metrics)
     print(f"results: {folder.path}")

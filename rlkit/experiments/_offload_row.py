@@ -1,6 +1,6 @@
 """Child process of :mod:`rlkit.experiments.offload_bug`: one measured row, or one grad-sync run.
 
-Launched by :func:`rlkit.launch.run_module` in a fresh process (``task="offload_row"``, one rank) or
+Launched by :func:`rlkit.measure.launch.run_module` in a fresh process (``task="offload_row"``, one rank) or
 under torchrun (``task="grad_sync"``, two ranks), so no row inherits another row's device memory.
 Imports only torch, transformers and rlkit; verl is used when it is installed.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit.launch import child_main
-from rlkit.measure import GIB
+from rlkit.measure.launch import child_main
+from rlkit.measure.samplers import GIB
 
 # verl 0.9.1 wraps FSDP1 with these (transformer_impl.py: bf16 params, fp32 reduce, fp32 buffers).
 PARAM_DTYPE, REDUCE_DTYPE, BUFFER_DTYPE = torch.bfloat16, torch.float32, torch.float32
@@ -187,7 +187,7 @@ def _allocated_gib(device: torch.device) -> float | None:
 
 
 def _determinism(config: dict[str, Any]) -> dict[str, Any]:
-    from rlkit import determinism
+    from rlkit.measure import determinism
 
     return determinism.enable(config["seed"]) if config["deterministic"] else determinism.settings(seed=config["seed"])
 
@@ -212,13 +212,13 @@ def after_reload(fsdp, input_ids: torch.Tensor, row: dict[str, Any], *, repeat: 
     """What the reloaded model computes: logits, then one train step, then logits and weights again.
 
     Returns ``{"row": tensors, "repeat": tensors or None}`` with ``logits_after_reload``,
-    ``logits_after_step`` and ``weight_probes`` (:func:`rlkit.determinism.probe` of every flat parameter
+    ``logits_after_step`` and ``weight_probes`` (:func:`rlkit.measure.determinism.probe` of every flat parameter
     after the step); ``row`` gets the train loss and the exact int64 checksums of the weights after the
     step (``weight_checksums_after_step``). With ``repeat`` the same work runs a second time from the same
     weights (restored bit for bit, a fresh optimizer): the unpatched computation against itself on this
     device, the yardstick for the fixed row's difference from it.
     """
-    from rlkit import determinism
+    from rlkit.measure import determinism
     from rlkit.optim.host_ranks import _bit_checksum
 
     flat_params = [h.flat_param for h in fsdp_handles(fsdp)]
@@ -245,13 +245,29 @@ def after_reload(fsdp, input_ids: torch.Tensor, row: dict[str, Any], *, repeat: 
     return out
 
 
+def _round_trip(fsdp, input_ids: torch.Tensor, row: dict[str, Any], offload, reload, *, forward_first: bool,
+                device: torch.device) -> None:
+    """(A forward,) offload, reload: the allocated memory and the views after each step, into ``row``."""
+    if forward_first:
+        with torch.no_grad():
+            fsdp(input_ids=input_ids)
+        row["after_forward_gib"] = _allocated_gib(device)
+    row["before_offload"] = view_report(fsdp)
+    offload(fsdp)
+    row["after_offload_gib"] = _allocated_gib(device)
+    row["after_offload"] = view_report(fsdp)
+    reload(fsdp)
+    row["after_reload_gib"] = _allocated_gib(device)
+    row["after_reload"] = view_report(fsdp)
+
+
 def offload_row(config: dict[str, Any]) -> dict[str, Any]:
     """One row: wrap, (forward,) offload, reload, then :func:`after_reload` (an unfixed row twice)."""
     from torch.distributed.fsdp import ShardingStrategy
 
-    from rlkit import determinism
-    from rlkit.models import build_random_model
-    from rlkit.patches import offload_views
+    from rlkit.measure import determinism
+    from rlkit.models.qwen import build_random_model
+    from rlkit.patches.fsdp import offload_views
 
     settings = _determinism(config)
     device = torch.device("cuda", 0) if config["device"] == "cuda" else torch.device("cpu")
@@ -291,17 +307,7 @@ def offload_row(config: dict[str, Any]) -> dict[str, Any]:
             "determinism": settings,
         }
         input_ids = token_batch(vocab_size, 1, config["forward_tokens"], config["seed"] + 1, device)
-        if config["forward_first"]:
-            with torch.no_grad():
-                fsdp(input_ids=input_ids)
-            row["after_forward_gib"] = _allocated_gib(device)
-        row["before_offload"] = view_report(fsdp)
-        offload(fsdp)
-        row["after_offload_gib"] = _allocated_gib(device)
-        row["after_offload"] = view_report(fsdp)
-        reload(fsdp)
-        row["after_reload_gib"] = _allocated_gib(device)
-        row["after_reload"] = view_report(fsdp)
+        _round_trip(fsdp, input_ids, row, offload, reload, forward_first=config["forward_first"], device=device)
         # The round trip must not change what the model computes, nor how it trains: the parent compares
         # these across rows (fix off vs on) for bit-equality, and an unfixed row against its own repeat.
         with determinism.recording_nondeterministic_op(row):
@@ -316,8 +322,8 @@ def grad_sync(config: dict[str, Any]) -> dict[str, Any] | None:
     """Two ranks, (2, 1) mesh, different micro-batches: do the gradients agree after backward?"""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from rlkit.models import build_random_model
-    from rlkit.patches.no_shard import sharding_strategy_for_mesh
+    from rlkit.models.qwen import build_random_model
+    from rlkit.patches.fsdp.no_shard import sharding_strategy_for_mesh
 
     device_type = config["device"]
     settings = _determinism(config)

@@ -1,6 +1,6 @@
 """Process entry of the update-phase harness (one rank of one arm, or the benchmarks).
 
-Launched by :func:`rlkit.experiments.update_phase.run` through :func:`rlkit.launch.run_module`; never
+Launched by :func:`rlkit.experiments.update_phase.run` through :func:`rlkit.measure.launch.run_module`; never
 imported by a notebook kernel. Imports only torch/transformers (the GPU node has no verl).
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit import params as P
+from rlkit.core import params as P
 from rlkit.experiments import update_phase as U
-from rlkit.launch import child_main
-from rlkit.measure import GIB, PhaseTimer, host_peak_rss_gib
+from rlkit.measure.launch import child_main
+from rlkit.measure.samplers import GIB, PhaseTimer, host_peak_rss_gib
 
 
 def main(message: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +80,17 @@ def run_arm(cfg: U.Config, spec: str) -> dict[str, Any]:
         result["cross_rank_identical"] = _identical_across_ranks(U.param_checksums(params)) if ranks > 1 else None
     except torch.OutOfMemoryError as err:
         result.update(status="oom", oom_phase=stage, error=str(err).splitlines()[0][:500])
+    _record_timings(result, timer, step_timers, moved=info.device.type == "cuda")
+    result["per_rank"] = _gather_rank_reports(info, optimizer, result["peak_device_gib"])
+    if info.world_size > 1:
+        dist.barrier()  # no rank tears gloo down while its peer is still communicating (else: SIGABRT at exit)
+    dist.destroy_process_group()
+    return result
+
+
+def _record_timings(result: dict[str, Any], timer: PhaseTimer, step_timers: list[PhaseTimer], *, moved: bool) -> None:
+    """Each phase's time and peak into ``result``: build, fwd_bwd and the last optimizer step; every step's optimizer
+    seconds; the device peak over all of them; and, for an arm that ran, its bandwidth."""
     phases = {**timer.as_dict(), **(step_timers[-1].as_dict() if step_timers else {})}
     result["phases"] = phases  # build, fwd_bwd and the last optimizer step
     result["step_seconds"] = [sum(t.seconds.get(p, 0.0) for p in U.OPTIMIZER_PHASES) for t in step_timers]
@@ -88,12 +99,7 @@ def run_arm(cfg: U.Config, spec: str) -> dict[str, Any]:
     result["peak_device_gib"] = max((v["peak_device_gib"] for t in [timer, *step_timers]
                                      for v in t.as_dict().values()), default=0.0)
     if result["status"] == "ok":
-        result["bandwidth_gbps"] = _bandwidth(phases, result["num_params"], moved=info.device.type == "cuda")
-    result["per_rank"] = _gather_rank_reports(info, optimizer, result["peak_device_gib"])
-    if info.world_size > 1:
-        dist.barrier()  # no rank tears gloo down while its peer is still communicating (else: SIGABRT at exit)
-    dist.destroy_process_group()
-    return result
+        result["bandwidth_gbps"] = _bandwidth(phases, result["num_params"], moved=moved)
 
 
 def _identical_across_ranks(checksums: list[int]) -> bool:

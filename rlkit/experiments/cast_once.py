@@ -13,14 +13,14 @@ last micro-batch, HostAdamW with pinned staging) run for ``steps`` optimizer ste
 - ``D``: ``master_on_host`` + ``cast_once``.
 
 Per arm and step: peak device GiB, step seconds (fwd/bwd + optimizer), the casts FSDP performed and
-the fp32 bytes they read (:class:`rlkit.cast_count.CastCounter`), the loss, int64 checksums of the
+the fp32 bytes they read (:class:`rlkit.patches.instruments.cast_count.CastCounter`), the loss, int64 checksums of the
 raw bits of every flat-parameter gradient, and (B, D) max |resident bf16 copy - bf16(current master)|
 measured after forward/backward and before the optimizer step; at step 2 it proves the copy was
 re-cast from the updated master. After the last step the fp32 masters are checksummed too. Every
 arm runs in a fresh process; parity with A is exact equality of losses and checksums. Arm A then runs a
 second time (``baseline_repeat``): ``metrics["determinism"]`` puts each arm's max abs differences from A
-(loss, grad norm, and probes of the gradients and final masters, :func:`rlkit.determinism.probe`) next
-to A's from its repeat, and ``deterministic`` runs every arm in :func:`rlkit.determinism.enable`'s mode.
+(loss, grad norm, and probes of the gradients and final masters, :func:`rlkit.measure.determinism.probe`) next
+to A's from its repeat, and ``deterministic`` runs every arm in :func:`rlkit.measure.determinism.enable`'s mode.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit import determinism
-from rlkit.params import ParamError, as_dict
+from rlkit.core.params import ParamError, as_dict
+from rlkit.measure import determinism
 
 NOTEBOOK = "03_cast_once"
 ARMS: dict[str, dict[str, Any]] = {
@@ -43,11 +43,12 @@ ARMS: dict[str, dict[str, Any]] = {
 # Benchmark targets of the issue (results, not tests): D vs A on Qwen3-4B under the 48 GiB cap.
 TARGET_PEAK_SAVING_GIB = 6.0
 TARGET_STEP_TIME_RATIO = 1.03
+CHILD = "rlkit.experiments._cast_once_arm"  # one arm in a fresh process
 
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset: tiny | qwen3-735m | qwen3-4b | qwen3-8b
+    model: str  # rlkit.models.qwen preset: tiny | qwen3-735m | qwen3-4b | qwen3-8b
     device: str  # auto (cuda if available) | cuda | cpu
     arms: tuple[str, ...]  # subset of A, B, C, D; A (the reference) must be included
     steps: int  # optimizer steps per arm (>= 2: the step-2 check is the one that catches stale weights)
@@ -60,7 +61,7 @@ class Config:
     host_impl: str  # HostAdamW kernel: fused | foreach | forloop
     host_threads: int  # CPU threads for the host step; 0 = all cores
     memory_cap_gib: float  # per-process device memory cap in GiB (emulates a 48 GB card); 0 = none
-    deterministic: bool  # rlkit.determinism.enable in every arm (raising mode), so A-vs-X parity is meaningful on GPU
+    deterministic: bool  # rlkit.measure.determinism.enable in every arm (raising mode), so A-vs-X parity is meaningful on GPU
     arm_timeout_s: float  # wall-clock limit per arm process
     seed: int  # model init and batch seed
 
@@ -104,7 +105,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
     import torch
 
-    from rlkit.launch import LaunchError, run_module
+    from rlkit.measure.launch import LaunchError, run_module
 
     config = as_dict(cfg)
     env = determinism.child_env(cfg.deterministic)  # cuBLAS reads it at its first handle, before any arm's work
@@ -114,7 +115,7 @@ def run(cfg: Config) -> dict[str, Any]:
             probe_path = os.path.join(tmp, f"probes-{name.replace(' ', '-')}.pt")
             message = {"arm": arm, "config": config, "probe_path": probe_path}
             try:
-                row = run_module("rlkit.experiments.cast_once", message, env=env, timeout=cfg.arm_timeout_s)
+                row = run_module(CHILD, message, env=env, timeout=cfg.arm_timeout_s)
             except LaunchError as err:
                 row = {"arm": arm, "status": "failed", "error": str(err)[-2000:]}
             except subprocess.TimeoutExpired:
@@ -151,7 +152,7 @@ def parity(ref: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_parity(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """max |difference| over the probes (:func:`rlkit.determinism.probe`) of every gradient, per step, and of
+    """max |difference| over the probes (:func:`rlkit.measure.determinism.probe`) of every gradient, per step, and of
     the final masters: a lower bound of the whole tensors' (their exact equality is the checksums')."""
     return {"grad_probe_max_abs_diff": [determinism.probe_max_abs_diff(r, o)
                                         for r, o in zip(ref["grads"], other["grads"])],
@@ -266,115 +267,10 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------- one arm (child)
-def run_arm(message: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from rlkit import params as P
-    from rlkit import patches
-    from rlkit.cast_count import CastCounter
-    from rlkit.experiments import update_phase as U
-    from rlkit.measure import GIB, PhaseTimer, host_peak_rss_gib
-    from rlkit.optim.host_adamw import HostAdamW
-    from rlkit.optim.host_ranks import _bit_checksum
-    from rlkit.patches import cast_once
-    from rlkit.patches.master_on_host import HostMasters
-
-    cfg = P.build(Config, message["config"], where="cast_once config")
-    arm = message["arm"]
-    spec = ARMS[arm]
-    info = U.init_distributed(U.resolve_device_kind(cfg.device))
-    torch.set_num_threads(cfg.host_threads or os.cpu_count() or 1)
-    settings = determinism.enable(cfg.seed) if cfg.deterministic else determinism.settings(seed=cfg.seed)
-    if cfg.memory_cap_gib and info.device.type == "cuda":
-        total = torch.cuda.get_device_properties(info.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_cap_gib * GIB / total), info.device)
-    patches.apply([n for n in ("master_on_host", "cast_once") if spec[n]])
-
-    model = U.build_fsdp_model(cfg.model, info.device, seed=cfg.seed, gradient_checkpointing=cfg.gradient_checkpointing)
-    params = list(model.parameters())
-    opt_args = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": (0.9, 0.999), "impl": cfg.host_impl,
-                "pin_memory": None, "host_threads": 0}  # host_threads 0: torch's count, set above from cfg
-    masters = None
-    if spec["master_on_host"]:
-        masters = HostMasters(model)
-        masters.park()
-        optimizer = HostAdamW(params, **opt_args)  # exposed() masters are host fp32: stepped in place
-    else:
-        optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                     host_impl=cfg.host_impl)
-    result: dict[str, Any] = {
-        "arm": arm, "status": "ok", "device": str(info.device), "patches": patches.active(),
-        "num_flat_params": len(params), "num_params": sum(p.numel() for p in params),
-        "micro_batches": cfg.micro_batches, "steps": [], "determinism": settings,
-        "device_allocated_before_step1_gib": torch.cuda.memory_allocated(info.device) / GIB
-        if info.device.type == "cuda" else 0.0,
-    }
-    counter = CastCounter()
-    stage = "fwd_bwd"
-    probes: dict[str, Any] = {"grads": [], "masters": []}  # for max abs differences between arms (parent)
-    try:
-        with counter.active(), determinism.recording_nondeterministic_op(result):
-            for step in range(1, cfg.steps + 1):
-                batch = U.make_minibatch(model.config.vocab_size, cfg.num_sequences, cfg.seq_len, seed=cfg.seed + step)
-                timer = PhaseTimer()
-                stage = "fwd_bwd"
-                loss = U.run_fwd_bwd(model, batch, cfg.micro_batches, timer)
-                # Checks between backward and the step, outside the timed phases.
-                resident_diff = cast_once.resident_vs_master_max_abs_diff(model) if spec["cast_once"] else None
-                grad_checksums = [int(_bit_checksum(p.grad)) for p in params]
-                probes["grads"].append([determinism.probe(p.grad) for p in params])
-                grad_norm = sum(float(torch.linalg.vector_norm(p.grad)) ** 2 for p in params) ** 0.5
-                stage = "optimizer_step"
-                optimizer.timer = None  # one "optimizer" phase; nested phases would reset the peak counter
-                with timer.phase("optimizer"):
-                    if masters is not None:
-                        masters.step(optimizer)
-                    else:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                casts = counter.take()
-                phases = timer.as_dict()
-                result["steps"].append({
-                    "step": step,
-                    "loss": loss,
-                    "grad_norm": grad_norm,
-                    "grad_checksums": grad_checksums,
-                    "resident_max_abs_diff": resident_diff,
-                    "casts": casts.as_dict(),
-                    "fwd_bwd_seconds": phases["fwd_bwd"]["seconds"],
-                    "optimizer_seconds": phases["optimizer"]["seconds"],
-                    "step_seconds": phases["fwd_bwd"]["seconds"] + phases["optimizer"]["seconds"],
-                    "peak_device_gib": max(v["peak_device_gib"] for v in phases.values()),
-                    "fwd_bwd_peak_device_gib": phases["fwd_bwd"]["peak_device_gib"],
-                    "resident_copies_after_step": sum(cast_once.is_resident(h) for h in _handles(model)),
-                })
-                print(f"[cast_once] arm {arm} step {step}: loss {loss:.6f} casts {casts.casts} "
-                      f"step {result['steps'][-1]['step_seconds']:.2f}s "
-                      f"peak {result['steps'][-1]['peak_device_gib']:.2f} GiB", file=sys.stderr)
-    except torch.OutOfMemoryError as err:
-        result.update(status="oom", oom_phase=stage, error=str(err).splitlines()[0][:500])
-    if result["status"] == "ok":
-        sources = [masters.host_master(h) for h in masters.handles] if masters is not None else params
-        result["master_checksums"] = [int(_bit_checksum(t.detach())) for t in sources]
-        probes["masters"] = [determinism.probe(t) for t in sources]
-        torch.save(probes, message["probe_path"])
-    result["host_peak_rss_gib"] = host_peak_rss_gib()
-    result["host_master_gib"] = masters.host_bytes() / GIB if masters is not None else 0.0
-    patches.revert_all()
-    return result
-
-
-def _handles(model) -> list:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
-
-
 # ---------------------------------------------------------------------------------------- notebook views
 def arms_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per arm: peak GiB, seconds, casts and bytes per step, parity with A."""
-    from rlkit.measure import GIB
+    from rlkit.measure.samplers import GIB
 
     rows = []
     per_arm = metrics["summary"]["per_arm"]
@@ -420,7 +316,7 @@ def steps_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
 
 def findings(metrics: dict[str, Any]) -> str:
     """The notebook's closing prose, every number read from ``metrics``."""
-    from rlkit.measure import GIB
+    from rlkit.measure.samplers import GIB
 
     s = metrics["summary"]
     per_arm = s["per_arm"]
@@ -467,11 +363,6 @@ def arms_figure(metrics: dict[str, Any]):
 
 
 if __name__ == "__main__":
-    if "--result" in sys.argv[1:]:  # launched by run(): one arm in this fresh process
-        from rlkit.launch import child_main
+    from rlkit.experiments import experiment_main
 
-        child_main(run_arm)
-    else:
-        from rlkit.experiments import experiment_main
-
-        sys.exit(experiment_main(Config, run, NOTEBOOK, notebook_only=("results_dir", "noise_dir")))
+    sys.exit(experiment_main(Config, run, NOTEBOOK, notebook_only=("results_dir", "noise_dir")))

@@ -25,9 +25,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit import models
-from rlkit import params as P
+from rlkit.core import params as P
 from rlkit.experiments.kernels import _device, _timed
+from rlkit.models import qwen as models
 
 NOTEBOOK = "elementwise_kernels"
 OPS = ("rmsnorm", "rotary", "swiglu")
@@ -36,7 +36,7 @@ ARMS = ("eager", "compiled", "liger")
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset whose widths the ops run at: qwen3-4b | tiny
+    model: str  # rlkit.models.qwen preset whose widths the ops run at: qwen3-4b | tiny
     device: str  # auto (cuda if available) | cuda | cpu
     tokens: int  # tokens of the micro-batch (the seed's: 24,576)
     ops: tuple[str, ...]  # of OPS
@@ -52,7 +52,7 @@ class Config:
         if self.tokens < 1 or self.repeats < 1:
             raise P.ParamError(f"tokens={self.tokens}, repeats={self.repeats}: both must be >= 1.")
         if self.model not in models.PRESETS:
-            raise P.ParamError(f"model={self.model!r}: use an rlkit.models preset ({sorted(models.PRESETS)}).")
+            raise P.ParamError(f"model={self.model!r}: use an rlkit.models.qwen preset ({sorted(models.PRESETS)}).")
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -83,8 +83,8 @@ def make_inputs(op: str, cfg: Config, device) -> tuple[list, list]:
 def arm_function(op: str, arm: str, device):
     """The function ``arm`` computes ``op`` with (inputs that take gradients first), or a str saying why it cannot
     run here."""
-    from rlkit.patches import compiled_pointwise as cp
-    from rlkit.patches import compiled_rmsnorm as cr
+    from rlkit.patches.kernels import compiled_pointwise as cp
+    from rlkit.patches.kernels import compiled_rmsnorm as cr
 
     if arm != "liger":
         own = {"rmsnorm": (cr.rms_norm, cr.compiled_rms_norm), "rotary": (cp.rotary, cp.compiled_rotary),

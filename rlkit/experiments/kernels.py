@@ -4,7 +4,7 @@
 
 writes ``DIR/kernels/<tag>/`` (``params.yaml``, ``env.json``, ``metrics.json``; tag defaults to the profile).
 Needs only torch and transformers: the GPU node has neither verl nor flash-attn, so nothing here imports verl
-(``rlkit.patches.chunked_logprobs`` imports it only when its patch is applied; ``varlen_attention`` never).
+(``rlkit.patches.kernels.chunked_logprobs`` imports it only when its patch is applied; ``varlen_attention`` never).
 Everything runs in this one process on one device, one measurement after the other; peaks are
 ``torch.cuda.max_memory_allocated`` reset before each timed arm.
 
@@ -12,7 +12,7 @@ Everything runs in this one process on one device, one measurement after the oth
 gradient checkpointing, ``sequences x seq_len`` tokens (12 x 2048 = 24,576, the seed's micro-batch), fwd+bwd of
 a token log-prob loss ``-sum(w * log p(label))`` with random per-token weights ``w`` (advantages). Arm ``full``:
 the model's logits, ``logits.float().log_softmax(-1)`` and a gather (verl's unfused formula, vectorised);
-arms ``chunked_<rows>``: the decoder's hidden states into :func:`rlkit.patches.chunked_logprobs.chunked_linear_logprobs`
+arms ``chunked_<rows>``: the decoder's hidden states into :func:`rlkit.patches.kernels.chunked_logprobs.chunked_linear_logprobs`
 with its entropy on (detached, as the patch computes it in verl), and once without the entropy
 (``_no_entropy``). One warm-up step, then ``repeats`` timed steps; ``peak_above_start_gib`` is the step's peak above
 the model, its gradients and the inputs.
@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit import models
-from rlkit import params as P
+from rlkit.core import params as P
+from rlkit.models import qwen as models
 
 NOTEBOOK = "kernels"  # the results folder's name (no notebook renders these yet)
 GIB = 2**30
@@ -55,7 +55,7 @@ ATTENTION_CASES: dict[str, dict[str, dict[str, int]]] = {
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset for (i) and (iii): qwen3-4b | tiny
+    model: str  # rlkit.models.qwen preset for (i) and (iii): qwen3-4b | tiny
     device: str  # auto (cuda if available) | cuda | cpu
     sequences: int  # sequences per micro-batch in (i)
     seq_len: int  # tokens per sequence in (i)
@@ -79,7 +79,7 @@ class Config:
             raise P.ParamError(f"attention_cases={self.attention_cases!r}: use one of {sorted(ATTENTION_CASES)}.")
         for key in ("model", "attention_model"):
             if getattr(self, key) not in models.PRESETS:
-                raise P.ParamError(f"{key}={getattr(self, key)!r}: use an rlkit.models preset ({sorted(models.PRESETS)}).")
+                raise P.ParamError(f"{key}={getattr(self, key)!r}: use an rlkit.models.qwen preset ({sorted(models.PRESETS)}).")
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -209,7 +209,7 @@ def attention_case(name: str, *, device, repeats: int, model: str = "qwen3-4b", 
     Needs the varlen_attention patch applied (``run`` applies it)."""
     import torch
 
-    from rlkit.patches import varlen_attention
+    from rlkit.patches.kernels import varlen_attention
 
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -267,7 +267,7 @@ def attention_case(name: str, *, device, repeats: int, model: str = "qwen3-4b", 
 def logprob_arms(cfg: Config, device) -> dict[str, Any]:
     import torch
 
-    from rlkit.patches.chunked_logprobs import chunked_linear_logprobs
+    from rlkit.patches.kernels.chunked_logprobs import chunked_linear_logprobs
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = models.build_random_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
@@ -353,7 +353,7 @@ def parity(ref: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 def run(cfg: Config) -> dict[str, Any]:
     import torch
 
-    from rlkit.patches import varlen_attention
+    from rlkit.patches.kernels import varlen_attention
 
     device = _device(cfg.device)
     was_active = varlen_attention.PATCH.active()

@@ -1,16 +1,16 @@
 """Notebook 07: does GRPO still learn with the patches? Arm 1 and arm 5 on a task a random-init model can learn.
 
-The task is synthetic and so is the model: :func:`rlkit.reward.target_chars` scores the share of a response's
-characters that belong to a small target set named in its prompt (rows from :func:`rlkit.data.target_rows`),
-and ``qwen3-30m`` (:mod:`rlkit.models`) is a ~31M-parameter random-init Qwen3, so dozens of steps take minutes
+The task is synthetic and so is the model: :func:`rlkit.models.reward.target_chars` scores the share of a response's
+characters that belong to a small target set named in its prompt (rows from :func:`rlkit.models.data.target_rows`),
+and ``qwen3-30m`` (:mod:`rlkit.models.qwen`) is a ~31M-parameter random-init Qwen3, so dozens of steps take minutes
 on one GPU. The same code runs the task on real DAPO rows (``data``: a DAPO-Math-17k parquet) and real weights
 (``model``: a local checkpoint); what it measures is whether a policy moves, not mathematics.
 
 The plan: the baseline arm (``1-fixes-hostadamw``), the compared arm (``5-master-on-host-cast-once``: every usable
 patch) and the baseline again (``repeats`` runs of it in all), same seed, data and model, each a GRPO recipe of
-:mod:`rlkit.recipe` run by :func:`rlkit.grpo.run` (data, model, preflight, verl's config check, the launch when a
-GPU is present). verl's per-step records (:func:`rlkit.verl_logs.read_steps`) give the curves of reward, grad_norm,
-pg_loss, entropy and response length; :func:`rlkit.learning_curves.analyze` reads them:
+:mod:`rlkit.recipes.grpo` run by :func:`rlkit.experiments.grpo.run` (data, model, preflight, verl's config check, the launch when a
+GPU is present). verl's per-step records (:func:`rlkit.verl.logs.read_steps`) give the curves of reward, grad_norm,
+pg_loss, entropy and response length; :func:`rlkit.analysis.learning_curves.analyze` reads them:
 
 - a run *learns* when the mean reward of its last ``window`` steps exceeds that of its first ``window`` steps
   by at least ``min_gain`` (a flat curve does not);
@@ -18,10 +18,10 @@ pg_loss, entropy and response length; :func:`rlkit.learning_curves.analyze` read
   reward difference), and the compared arm is *within the noise* when its mean distance to the baseline runs is
   at most ``noise_factor`` x that noise (or ``noise_floor``, when the repeats happen to agree more closely).
 
-Each run is its own results folder under ``runs_dir`` (written whole or left ``.failed``); a launched run found
-there with the same recipe is read back instead of launched again, ``launch_limit`` caps the launches of one
-invocation, and ``parallel`` runs go side by side on the one GPU (each its own verl session; a run far from the
-GPU's limits, as this one is, leaves it mostly idle)::
+Each run is its own results folder under ``runs_dir`` (:mod:`rlkit.experiments.learning_runs`; written whole or
+left ``.failed``); a launched run found there with the same recipe is read back instead of launched again,
+``launch_limit`` caps the launches of one invocation, and ``parallel`` runs go side by side on the one GPU (each its
+own verl session; a run far from the GPU's limits, as this one is, leaves it mostly idle)::
 
     python -m rlkit.experiments.learning --profile h200      # the missing runs; the finished ones are read back
 
@@ -31,103 +31,17 @@ random model's own samples (:func:`reward_examples`, :func:`probe_model`), and t
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from rlkit import params as P
-from rlkit import reward as RW
-from rlkit.env import REPO_ROOT
+from rlkit.analysis.learning_curves import ENTROPY_COLLAPSE, analyze, analyze_before_collapse, curves
+from rlkit.core import params as P
 from rlkit.experiments import experiment_main
-from rlkit.learning_curves import ENTROPY_COLLAPSE, analyze, analyze_before_collapse, curves
+from rlkit.experiments.learning_config import Config
+from rlkit.experiments.learning_runs import build_recipe, run_all, run_plan, run_row
+from rlkit.models import reward as RW
 
 NOTEBOOK = "07_does_it_learn"
-HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
-              "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
-
-
-@dataclass(frozen=True)
-class Config:
-    """Parameters of notebook 07 (nbs/params/07_does_it_learn.*.yaml)."""
-
-    model: str  # rlkit.models preset (random-init, written offline) or a local checkpoint (real weights)
-    model_seed: int  # seed of the random weights and of the data order, the same in every run
-    data: str  # "synthetic" or a DAPO-Math-17k parquet (its rows become target-task rows)
-    data_rows: int  # synthetic rows / cap on unique real rows (0 = all)
-    reward: Literal["target_chars", "dapo_math", "synthetic_hash"]  # target_chars: the learnable task
-    baseline_arm: str  # rlkit.recipe.ARMS: the reference (run `repeats` times)
-    compare_arm: str  # rlkit.recipe.ARMS: compared against the baseline's run-to-run noise
-    repeats: int  # runs of the baseline arm (>= 2: their spread is the noise)
-    steps: int  # GRPO steps per run
-    max_prompt_length: int
-    max_response_length: int
-    train_batch_size: int  # prompts per step (one on-policy mini-batch)
-    rollout_n: int  # group size
-    lr: float  # actor learning rate (random init needs far more than the real-weights 1e-6)
-    ppo_max_token_len_per_gpu: int  # tokens per micro-batch (dynamic bsz)
-    gpu_memory_utilization: float
-    enforce_eager: bool  # vLLM without CUDA graphs (a faster start for a small model)
-    ray_num_cpus: int
-    verify_before_launch: bool  # false: skip the separate verl config check when launching
-    launch: Literal["auto", "always", "never"]  # auto: launch when a CUDA GPU is visible
-    timeout_s: int  # wall-clock limit of one verl run
-    window: int  # steps averaged at the start and at the end of a reward curve
-    min_gain: float  # reward rise (last window - first window) a run needs to count as learning
-    noise_factor: float  # compared arm within noise: its distance <= noise_factor x the repeats' distance
-    noise_floor: float  # ... or <= this (reward units), when the repeats agree more closely
-    probe_groups: int  # prompts whose samples from the untrained model are scored on the CPU (0: none)
-    runs_dir: str  # "" : the runs go inside the results folder; else a folder whose launched runs are reused
-    launch_limit: int  # launch at most this many runs in one invocation (0: no limit)
-    parallel: int  # launch up to this many runs at once, side by side on the one GPU (1: one after the other)
-    attn_implementation: Literal["sdpa", "rlkit_varlen"]  # the recipe's attention (rlkit_varlen: packed, unpadded)
-    use_remove_padding: bool  # verl's packed path (needs rlkit_varlen without flash-attn)
-
-    def __post_init__(self) -> None:
-        from rlkit.recipe import ARMS
-
-        def bad(key: str, why: str, fix: str) -> None:
-            raise P.ParamError(f"Config.{key}: {why}. Fix: {fix}")
-
-        for key in ("baseline_arm", "compare_arm"):
-            if getattr(self, key) not in ARMS or ARMS[getattr(self, key)].get("expect_failure"):
-                bad(key, f"{getattr(self, key)!r} is not an arm that trains", f"one of {[a for a in ARMS if a != '0-stock']}")
-        if self.baseline_arm == self.compare_arm:
-            bad("compare_arm", "is the baseline arm", "compare another arm, e.g. 5-master-on-host-cast-once")
-        if self.repeats < 2:
-            bad("repeats", f"{self.repeats} baseline run(s) measure no noise", "use 2 or more")
-        if self.window < 1 or 2 * self.window > self.steps:
-            bad("window", f"{self.window} does not give two disjoint windows in {self.steps} steps",
-                "use 1 <= window <= steps / 2")
-        for key in ("min_gain", "noise_floor", "noise_factor", "lr"):
-            if not getattr(self, key) > 0:
-                bad(key, f"{getattr(self, key)} is not positive", "use a positive value")
-        for key in ("probe_groups", "launch_limit"):
-            if getattr(self, key) < 0:
-                bad(key, f"{getattr(self, key)} is negative", "use 0 (off / no limit) or a positive count")
-        if self.parallel < 1:
-            bad("parallel", f"{self.parallel} runs at once", "use 1 (one after the other) or more")
-
-
-def run_plan(cfg: Config) -> list[tuple[str, str]]:
-    """``(run name, arm)`` in launch order: baseline, compared arm, then the baseline's repeats."""
-    names = [(f"{cfg.baseline_arm}.r1", cfg.baseline_arm), (f"{cfg.compare_arm}.r1", cfg.compare_arm)]
-    return names + [(f"{cfg.baseline_arm}.r{i}", cfg.baseline_arm) for i in range(2, cfg.repeats + 1)]
-
-
-def build_recipe(cfg: Config, arm: str):
-    """The GRPO recipe of one run: the profile's workload on one GPU with the arm's patches and optimizer."""
-    from rlkit.recipe import GRPORecipe, arm_values
-
-    values = {"model": cfg.model, "model_seed": cfg.model_seed, "data": cfg.data, "data_rows": cfg.data_rows,
-              "reward": cfg.reward, "max_prompt_length": cfg.max_prompt_length,
-              "max_response_length": cfg.max_response_length, "train_batch_size": cfg.train_batch_size,
-              "rollout_n": cfg.rollout_n, "ppo_mini_batch_size": cfg.train_batch_size, "lr": cfg.lr,
-              "ppo_max_token_len_per_gpu": cfg.ppo_max_token_len_per_gpu, "n_gpus": 1,
-              "gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager,
-              "steps": cfg.steps, "ray_num_cpus": cfg.ray_num_cpus, "verify_before_launch": cfg.verify_before_launch,
-              "launch": cfg.launch, "timeout_s": cfg.timeout_s, "attn_implementation": cfg.attn_implementation,
-              "use_remove_padding": cfg.use_remove_padding, **arm_values(arm)}
-    return P.build(GRPORecipe, values, where=f"the recipe of arm {arm}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,7 +49,7 @@ def build_recipe(cfg: Config, arm: str):
 
 
 def reward_examples(rows: list[dict[str, Any]], n_rows: int = 3) -> list[dict[str, Any]]:
-    """:func:`rlkit.reward.target_chars` on hand-made responses to the first ``n_rows`` rows, each with the score
+    """:func:`rlkit.models.reward.target_chars` on hand-made responses to the first ``n_rows`` rows, each with the score
     it must have: only target characters (1), every other character a target (0.5), case and spaces ignored
     (1), the math answer line, nothing (0). ``expected`` None: no fixed value (the answer line)."""
     out = []
@@ -154,7 +68,7 @@ def reward_examples(rows: list[dict[str, Any]], n_rows: int = 3) -> list[dict[st
 
 def task_summary(rows: list[dict[str, Any]], reward: str) -> dict[str, Any]:
     """What the task is on these rows: the reward, its alphabet and set size, how many rows carry each set, and
-    whether each set is the one :func:`rlkit.reward.target_set_of` derives from the row's prompt before the naming line."""
+    whether each set is the one :func:`rlkit.models.reward.target_set_of` derives from the row's prompt before the naming line."""
     sets: dict[str, int] = {}
     derived = 0
     for row in rows:
@@ -201,125 +115,14 @@ def probe_model(model_dir: str, rows: list[dict[str, Any]], *, groups: int, samp
 
 
 # ----------------------------------------------------------------------------------------------
-# the runs
-
-
-def _runs_root(cfg: Config, out: Path) -> Path:
-    if not cfg.runs_dir:
-        return out / "runs"
-    path = Path(cfg.runs_dir)
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
-def saved_run(run_dir: Path, recipe) -> dict[str, Any] | None:
-    """The metrics of a launched run saved in ``run_dir`` for this very recipe; None when there is none (a CPU pass
-    that launched nothing is not a run to keep). A launched run of another recipe raises: it is not overwritten."""
-    from rlkit.recipe import GRPORecipe
-    from rlkit.results import read_metrics
-
-    if not (run_dir / "metrics.json").exists():
-        return None
-    metrics = read_metrics(run_dir)
-    if not metrics.get("launched"):
-        return None
-    if P.build(GRPORecipe, metrics["recipe"], where=f"{run_dir}/metrics.json") != recipe:
-        raise P.ParamError(f"{run_dir} holds a launched run of another recipe. Fix: point runs_dir at another folder, "
-                           "or move that run away if it is to be replaced")
-    return metrics
-
-
-def run_all(cfg: Config, out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Every planned run, read back from ``runs_dir`` or run by :func:`rlkit.grpo.run` into its own results folder;
-    returns ``{name: {"arm", "folder", "reused", "metrics"}}`` and the names left for a later invocation. Up to
-    ``parallel`` runs go at once (threads, each waiting on its own verl session); where nothing is launched (no
-    GPU), a repeat whose identical recipe was already checked is not checked again (before the launch nothing
-    differs). One run's failure lets the runs beside it finish and be saved, then is raised."""
-    from rlkit import verl_job
-
-    root = _runs_root(cfg, out)
-    where = f"{cfg.runs_dir.rstrip('/')}/" if cfg.runs_dir else "runs/"  # as the results folder says it
-    done, queue = {}, []
-    for name, arm in run_plan(cfg):
-        recipe = build_recipe(cfg, arm)
-        metrics = saved_run(root / name, recipe)
-        if metrics is not None:
-            done[name] = {"arm": arm, "folder": where + name, "reused": "read back", "metrics": metrics}
-        else:
-            queue.append((name, arm, recipe))
-    will_launch = bool(queue) and verl_job.launch_decision(queue[0][2].launch, queue[0][2].n_gpus, HOW_TO_RUN)[0]
-    dry, launches, pending = {}, 0, []
-    while queue:
-        batch, rest = [], []
-        for name, arm, recipe in queue:
-            if recipe in dry:
-                done[name] = {"arm": arm, "folder": where + dry[recipe], "reused": f"not launched, as {dry[recipe]}",
-                              "metrics": done[dry[recipe]]["metrics"]}
-            elif cfg.launch_limit and launches + len(batch) >= cfg.launch_limit:
-                pending.append(name)
-            elif len(batch) < cfg.parallel and (will_launch or all(recipe != r for _, _, r in batch)):
-                batch.append((name, arm, recipe))
-            else:
-                rest.append((name, arm, recipe))
-        for (name, arm, recipe), metrics in zip(batch, _run_batch(root, batch)):
-            launches += bool(metrics["launched"])
-            if not metrics["launched"]:
-                dry[recipe] = name
-            done[name] = {"arm": arm, "folder": where + name, "reused": None, "metrics": metrics}
-        queue = rest
-    return {name: done[name] for name, _ in run_plan(cfg) if name in done}, pending
-
-
-def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
-    """The metrics of each ``(name, arm, recipe)`` of ``batch``, run side by side, each written whole into
-    ``root/name`` (or left ``.failed``); the first failure is raised once every run of the batch has ended. An
-    interrupt while waiting stops the runs' verl sessions first (they wait in the pool's threads)."""
-    from concurrent.futures import ThreadPoolExecutor, wait
-
-    from rlkit import grpo, verl_job
-    from rlkit.results import ResultsFolder
-
-    def one(name: str, recipe) -> dict[str, Any]:
-        folder = ResultsFolder(root.name, name, root=root.parent)
-        with folder.writing() as work:
-            folder.write_params(P.as_dict(recipe))
-            folder.write_env()
-            metrics = grpo.run(recipe, out_dir=work, how_to_run=HOW_TO_RUN)
-            folder.write_metrics(metrics)
-        return metrics
-
-    pool = ThreadPoolExecutor(max_workers=len(batch))
-    futures = [pool.submit(one, name, recipe) for name, _, recipe in batch]
-    try:
-        wait(futures)
-    except BaseException:
-        verl_job.stop_running_sessions()
-        raise
-    finally:
-        pool.shutdown(wait=True)
-    return [f.result() for f in futures]
-
-
-def run_row(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """One run in a few fields: arm, folder, whether it was launched (or read back) and how it ended; ``patches``
-    are the ones the run applies (the arm's and its workload levers', :attr:`rlkit.recipe.GRPORecipe.active_patches`)."""
-    from rlkit import grpo
-    from rlkit.recipe import GRPORecipe
-
-    m = entry["metrics"]
-    recipe = P.build(GRPORecipe, m["recipe"], where=f"the recipe of {name}")
-    summary = m.get("summary") or {}
-    return {"run": name, "arm": entry["arm"], "folder": entry["folder"], "reused": entry["reused"],
-            "launched": m["launched"], "outcome": grpo.outcome(m), "launch_reason": m["launch_reason"],
-            "patches": list(recipe.active_patches), "optimizer": m["recipe"]["optimizer"],
-            "verified_patches": (m.get("verify") or {}).get("active_patches"), "step_s": summary.get("step_s"),
-            "update_actor_mfu": (((m.get("limits") or {}).get("phases") or {}).get("update_actor") or {}).get("fraction"),
-            "sanity_passed": (m.get("sanity") or {}).get("passed")}
+# the experiment (its runs: rlkit.experiments.learning_runs)
 
 
 def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
     """The whole experiment; returns ``metrics.json`` content."""
-    from rlkit import data, grpo
-    from rlkit.results import notebook_out_dir
+    from rlkit.core.results import notebook_out_dir
+    from rlkit.experiments import grpo
+    from rlkit.models import data
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
     first = build_recipe(cfg, cfg.baseline_arm)
@@ -360,7 +163,7 @@ def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
 
 def read_results(results_dir: str | Path) -> dict[str, Any]:
     """Saved results (``outputs/07_does_it_learn/<tag>/``)."""
-    from rlkit.results import read_metrics
+    from rlkit.core.results import read_metrics
 
     return read_metrics(results_dir)
 
@@ -375,6 +178,31 @@ def _f(value, spec: str = ".3f") -> str:
 
 def describe(metrics: dict[str, Any]) -> str:
     """What the experiment found, in words, every number taken from ``metrics``."""
+    lines = _setup_lines(metrics)
+    cfg = metrics["config"]
+    if not metrics["launched"]:
+        lines.append(f"No run was launched: {metrics['launch_reason']}")
+        return "\n".join(lines)
+    if metrics["pending"]:
+        lines.append(f"Not run yet (launch_limit {cfg['launch_limit']}): {', '.join(metrics['pending'])}; run the same "
+                     "command again to add them.")
+    lines += _comparison_lines(metrics["analysis"])
+    lines += _collapse_lines(metrics)
+    mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
+    if mfu:
+        lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
+                     f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.planning.roofline).")
+    v = metrics["analysis"]["verdict"]
+    lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
+                               "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
+                               "here." if v["passed"] else
+                               f"not shown (every run learns: {v['all_learned']}; compared arm within the noise: "
+                               f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']})."))
+    return "\n".join(lines)
+
+
+def _setup_lines(metrics: dict[str, Any]) -> list[str]:
+    """The task, the plan and the untrained model's reward spread."""
     cfg, task, synthetic = metrics["config"], metrics["task"], metrics["synthetic"]
     model = metrics["model"]
     lines = [
@@ -392,13 +220,12 @@ def describe(metrics: dict[str, Any]) -> str:
         spreads = ", ".join(format(g["std"], ".3f") for g in probe["groups"])
         lines.append(f"Untrained model, {probe['samples_per_group']} samples of {probe['max_tokens']} tokens per prompt on "
                      f"the CPU: mean reward {probe['mean']:.3f}; spread within each group (std) {spreads}.")
-    if not metrics["launched"]:
-        lines.append(f"No run was launched: {metrics['launch_reason']}")
-        return "\n".join(lines)
-    if metrics["pending"]:
-        lines.append(f"Not run yet (launch_limit {cfg['launch_limit']}): {', '.join(metrics['pending'])}; run the same "
-                     "command again to add them.")
-    a = metrics["analysis"]
+    return lines
+
+
+def _comparison_lines(a: dict[str, Any]) -> list[str]:
+    """Whether each run learns, the run-to-run noise, and the compared arm against the baseline runs."""
+    lines = []
     for name, r in a["per_run"].items():
         lines.append(f"{name}: reward {_f(r['reward_first'])} over the first {a['criteria']['window']} steps, "
                      f"{_f(r['reward_last'])} over the last (gain {_f(r['gain'], '+.3f')}): "
@@ -423,6 +250,12 @@ def describe(metrics: dict[str, Any]) -> str:
                          f"{a['criteria']['noise_floor']:g}) of their mean at {steps['within_band']} of {steps['steps']};"
                          f" the closest call is step {worst['step']} ({worst['difference']:+.4f} against a band of "
                          f"{worst['band']:.4f}).")
+    return lines
+
+
+def _collapse_lines(metrics: dict[str, Any]) -> list[str]:
+    """Where the entropy collapsed, and the comparison over the steps before it."""
+    a, lines = metrics["analysis"], []
     collapsed = {n: r["entropy_collapsed_at"] for n, r in a["per_run"].items() if r["entropy_collapsed_at"]}
     if collapsed:
         lines.append(f"Entropy collapse (at most {ENTROPY_COLLAPSE:.0%} of step 1's): "
@@ -436,17 +269,7 @@ def describe(metrics: dict[str, Any]) -> str:
                      f"{_f(before['noise']['curve_distance'], '.4f')}, {b['run']} at {_f(b['mean_distance'], '.4f')} "
                      f"(threshold {b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
                      f"{steps.get('steps', '-')} steps: {'passed' if before['verdict']['passed'] else 'not passed'}.")
-    mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
-    if mfu:
-        lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
-                     f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.roofline).")
-    v = a["verdict"]
-    lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
-                               "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
-                               "here." if v["passed"] else
-                               f"not shown (every run learns: {v['all_learned']}; compared arm within the noise: "
-                               f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']})."))
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ offload and reload (CUDA), plus where the module's parameter views point (every 
 reload the row computes logits, takes one AdamW step and computes logits and weights again: every fixed
 row must equal its unfixed twin, and each unfixed row does that work twice from the same weights, so
 that a difference can be read against the unpatched computation's own (``metrics["determinism"]``;
-``deterministic`` turns on :func:`rlkit.determinism.enable` in every row).
+``deterministic`` turns on :func:`rlkit.measure.determinism.enable` in every row).
 
 Part 2 (grad sync): two ranks on verl's (2, 1) mesh, different micro-batches, FSDP1 with the strategy
 verl asks for (HYBRID_SHARD, clamped by FSDP to NO_SHARD over one rank) or the fixed one (NO_SHARD
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit import determinism
+from rlkit.core.params import ParamError
 from rlkit.experiments import experiment_main
-from rlkit.launch import run_module
-from rlkit.params import ParamError
+from rlkit.measure import determinism
+from rlkit.measure.launch import run_module
 
 NOTEBOOK = "01_offload_bug"
 CHILD = "rlkit.experiments._offload_row"
@@ -38,7 +38,7 @@ NO_PLUGIN_PATCHES = {"RLKIT_PATCHES": ""}
 
 @dataclass(frozen=True)
 class Config:
-    model: str                        # model preset (rlkit.models) for the memory rows
+    model: str                        # model preset (rlkit.models.qwen) for the memory rows
     device: str                       # "cuda": measure bytes; "cpu": check the view mechanism only
     use_orig_params: tuple[bool, ...]  # FSDP1 use_orig_params values in the grid
     forward_first: tuple[bool, ...]    # run one forward before offloading?
@@ -50,10 +50,10 @@ class Config:
     grad_sync_device: str             # "auto" (cuda with 2+ GPUs, else cpu), "cuda" or "cpu"
     grad_sync_batch: int              # sequences per rank in the gradient check
     grad_sync_tokens: int             # tokens per sequence in the gradient check
-    deterministic: bool               # rlkit.determinism.enable in every row and rank (raising mode)
+    deterministic: bool               # rlkit.measure.determinism.enable in every row and rank (raising mode)
 
     def __post_init__(self) -> None:
-        from rlkit.models import PRESETS
+        from rlkit.models.qwen import PRESETS
 
         for key in ("model", "grad_sync_model", "grad_sync_cpu_model"):
             if getattr(self, key) not in PRESETS:

@@ -4,7 +4,7 @@
    formula). The table the document *printed* does not match its own script in every row; it is kept
    verbatim in :data:`PRINTED_SEED_TABLE` and :func:`seed_table_diff` shows where and by how much. The
    formula is never adjusted to match the printed table.
-2. :func:`run` evaluates :func:`rlkit.budget.plan` for the notebook's option sets, the leave-one-out
+2. :func:`run` evaluates :func:`rlkit.planning.verdict.plan` for the notebook's option sets, the leave-one-out
    ablations of the largest set, and every logits path. Pure arithmetic: no torch import.
 """
 from __future__ import annotations
@@ -16,11 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from rlkit.budget import (DEVICE_COMPONENTS, GIB, LOGITS_BYTES, PHASES, RLKIT_OPTIONS, UPDATE_ENTROPY_BYTES, PlanSpec,
-                          cost_per_million_samples, format_plan, plan, run_cost, with_options)
-from rlkit.model_shape import presets
-from rlkit.multinode import DEFAULT_LINK_GBPS, OWNERS, format_network_plan, network_plan_for
-from rlkit.params import ParamError
+from rlkit.core.params import ParamError
+from rlkit.models.shape import presets
+from rlkit.planning.budget import (
+    DEVICE_COMPONENTS,
+    GIB,
+    LOGITS_BYTES,
+    PHASES,
+    RLKIT_OPTIONS,
+    UPDATE_ENTROPY_BYTES,
+    PlanSpec,
+    with_options,
+)
+from rlkit.planning.cost import cost_per_million_samples, run_cost
+from rlkit.planning.multinode import DEFAULT_LINK_GBPS, OWNERS, format_network_plan, network_plan_for
+from rlkit.planning.verdict import format_plan, plan
 
 NOTEBOOK = "00_phase_budget"
 
@@ -152,9 +162,9 @@ class Config:
 
     def spec(self, options: str = "") -> PlanSpec:
         """The planner's inputs with ``options``; the CUDA graphs as vLLM measured them for this model in the
-        committed runs (:func:`rlkit.vllm_terms.cuda_graphs_term`, as pre-flight takes them), ``cudagraph_gib``
+        committed runs (:func:`rlkit.planning.vllm_terms.cuda_graphs_term`, as pre-flight takes them), ``cudagraph_gib``
         where none did (0 stays 0: enforce_eager)."""
-        from rlkit.vllm_terms import cuda_graphs_term
+        from rlkit.planning.vllm_terms import cuda_graphs_term
 
         base = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "option_sets"}
         if base["cudagraph_gib"] and (measured := cuda_graphs_term(self.model)["gib"]) is not None:
@@ -214,7 +224,7 @@ def phase_bar_figure(plans: Mapping[str, Mapping[str, Any]], gpu_gib: float, tit
     """Plotly stacked bars: device GiB per component, grouped by option set and phase, with the GPU line."""
     import plotly.graph_objects as go
 
-    from rlkit.colours import component_colour
+    from rlkit.core.colours import component_colour
 
     labels = [(label, ph) for label, p in plans.items() for ph in p["device_gib"]]
     x = [[label for label, _ in labels], [ph for _, ph in labels]]

@@ -27,14 +27,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rlkit.params import ParamError
+from rlkit.core.params import ParamError
+from rlkit.experiments.onpolicy_kernels import Kernels, masked_max_abs_diff, masked_sum
 
 NOTEBOOK = "04_skip_old_logprob"
 
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset: tiny (CPU) or qwen3-4b (GPU)
+    model: str  # rlkit.models.qwen preset: tiny (CPU) or qwen3-4b (GPU)
     device: Literal["cpu", "cuda"]
     dtype: Literal["float32", "bfloat16"]  # bfloat16 = compute dtype of verl's FSDP mixed precision
     attn_implementation: Literal["sdpa", "eager"]
@@ -50,11 +51,11 @@ class Config:
     clip_ratio_high: float
     clip_ratio_c: float  # dual-clip bound (verl default 3.0)
     timing_repeats: int  # old-log-prob passes timed (after one warm-up micro-batch); the first and last are compared
-    deterministic: bool  # rlkit.determinism.enable in the measuring process (raising mode), so diffs are not noise
+    deterministic: bool  # rlkit.measure.determinism.enable in the measuring process (raising mode), so diffs are not noise
     seed: int
 
     def __post_init__(self) -> None:
-        from rlkit.models import PRESETS
+        from rlkit.models.qwen import PRESETS
 
         if self.model not in PRESETS:
             raise ParamError(f"model={self.model!r} is not a preset; fix: one of {sorted(PRESETS)}")
@@ -82,141 +83,6 @@ class Config:
             )
 
 
-# ------------------------------------------------------------------------ kernels: verl or local copies
-SAFETY_BOUND = 20.0  # verl rollout_corr_helper.SAFETY_BOUND
-
-
-def _masked_sum(values, mask, axis=None):
-    import torch
-
-    return (torch.where(mask.bool(), values, 0.0) * mask).sum(axis=axis)
-
-
-def local_logprobs_from_logits(logits, labels):
-    """verl ``logprobs_from_logits`` without flash-attn: ``logprobs_from_logits_v2`` (float32 path)."""
-    import torch
-
-    logits_labels = torch.gather(logits, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
-    logsumexp_values = torch.stack([torch.logsumexp(logit, dim=-1) for logit in logits])
-    return logits_labels - logsumexp_values
-
-
-def local_entropy_from_logits(logits):
-    """verl ``entropy_from_logits``."""
-    import torch
-
-    pd = torch.nn.functional.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
-
-
-def local_is_weights(log_ratio, response_mask, level: str, threshold: float):
-    """verl ``compute_rollout_correction_weights`` (TIS, no batch normalisation), weights only."""
-    import torch
-
-    if level == "token":
-        raw = torch.exp(torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND))
-    else:
-        log_ratio_sum = _masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
-        raw = torch.exp(torch.clamp(log_ratio_sum, min=-SAFETY_BOUND, max=SAFETY_BOUND)).expand_as(log_ratio)
-    return (raw * response_mask).clamp(max=threshold).detach()
-
-
-def local_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_c,
-                              batch_num_tokens, rollout_is_weights=None):
-    """verl ``compute_policy_loss_vanilla`` with ``loss_agg_mode='token-mean'`` over the global token count."""
-    import torch
-
-    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(negative_approx_kl)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_losses3 = -advantages * clip_c
-    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    return _masked_sum(pg_losses, response_mask) / batch_num_tokens * 1
-
-
-class Kernels:
-    """The log-prob, entropy, IS-weight and PPO-loss functions: verl's own, or the local copies."""
-
-    def __init__(self, cfg: Config, prefer_verl: bool = True) -> None:
-        self.cfg = cfg
-        self.source = "local"
-        self.why_local = "" if prefer_verl else "local copies requested"
-        if prefer_verl:
-            try:
-                from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
-                from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
-                from verl.utils import torch_functional as verl_F
-                from verl.workers.config import ActorConfig
-            except ImportError as err:
-                self.why_local = f"verl not importable: {err}"
-            else:
-                self.source = "verl"
-                self._verl_loss = compute_policy_loss_vanilla
-                self._verl_is = compute_rollout_correction_weights
-                self._verl_F = verl_F
-                self._actor_config = ActorConfig(
-                    strategy="fsdp", ppo_mini_batch_size=cfg.num_sequences, rollout_n=1,
-                    ppo_micro_batch_size_per_gpu=cfg.micro_batch_size, clip_ratio_low=cfg.clip_ratio_low,
-                    clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                )
-
-    def describe(self) -> dict[str, str]:
-        if self.source == "verl":
-            return {
-                "source": "verl",
-                "log_probs": "verl.utils.torch_functional.logprobs_from_logits",
-                "entropy": "verl.utils.torch_functional.entropy_from_logits",
-                "is_weights": "verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_weights",
-                "policy_loss": "verl.trainer.ppo.core_algos.compute_policy_loss_vanilla (token-mean)",
-            }
-        return {
-            "source": "local",
-            "why_local": self.why_local,
-            "log_probs": "rlkit copy of verl logprobs_from_logits_v2 (float32 path)",
-            "entropy": "rlkit copy of verl entropy_from_logits",
-            "is_weights": "rlkit copy of verl compute_rollout_correction_weights (TIS)",
-            "policy_loss": "rlkit copy of verl compute_policy_loss_vanilla (token-mean)",
-        }
-
-    def log_probs(self, logits, labels):
-        if self.source == "verl":
-            return self._verl_F.logprobs_from_logits(logits, labels)
-        return local_logprobs_from_logits(logits, labels)
-
-    def entropy(self, logits):
-        if self.source == "verl":
-            return self._verl_F.entropy_from_logits(logits)
-        return local_entropy_from_logits(logits)
-
-    def is_weights(self, log_ratio, response_mask, level: str):
-        if self.source == "verl":
-            weights, _ = self._verl_is(log_ratio, response_mask, rollout_is=level,
-                                       rollout_is_threshold=self.cfg.is_threshold)
-            return weights
-        return local_is_weights(log_ratio, response_mask, level, self.cfg.is_threshold)
-
-    def policy_loss(self, old_log_prob, log_prob, advantages, response_mask, batch_num_tokens, weights):
-        c = self.cfg
-        if self.source == "verl":
-            self._actor_config.global_batch_info.update(
-                dp_size=1, batch_num_tokens=batch_num_tokens, global_batch_size=c.num_sequences, loss_scale_factor=None
-            )
-            loss, _ = self._verl_loss(
-                old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
-                response_mask=response_mask.bool(), loss_agg_mode="token-mean", config=self._actor_config,
-                rollout_is_weights=weights,
-            )
-            return loss
-        return local_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask.bool(), c.clip_ratio_low,
-                                         c.clip_ratio_high, c.clip_ratio_c, batch_num_tokens, weights)
-
-
-# ------------------------------------------------------------------------ the measurement (child process)
 def make_batch(cfg: Config, vocab_size: int, device):
     """Random prompts + responses of varied length (right-padded), GRPO-style advantages, rollout log-probs seed."""
     import torch
@@ -237,13 +103,6 @@ def make_batch(cfg: Config, vocab_size: int, device):
     }
 
 
-def _masked_max_abs_diff(a, b, mask) -> float:
-    import torch
-
-    return float(torch.where(mask.bool(), (a.float() - b.float()).abs(), 0.0).max())
-
-
-# (check, key of the skip's difference, key of the unskipped run's difference from a repeat of itself)
 CHECKS = (
     ("served log-probs vs old pass", "served_vs_old_log_prob_max_abs_diff", "old_log_prob_repeat_max_abs_diff"),
     ("entropy, update forward vs old pass", "entropy_update_vs_old_pass_max_abs_diff", "old_entropy_repeat_max_abs_diff"),
@@ -257,10 +116,10 @@ CHECKS = (
 def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
     """The measurement (runs in a fresh process; tests call it directly with ``prefer_verl=False``).
 
-    With ``deterministic`` the process runs in :func:`rlkit.determinism.enable`'s mode; an op torch refuses
+    With ``deterministic`` the process runs in :func:`rlkit.measure.determinism.enable`'s mode; an op torch refuses
     there ends the measurement with ``status="nondeterministic_op"`` and the op's name.
     """
-    from rlkit import determinism
+    from rlkit.measure import determinism
 
     cfg = Config(**config)
     settings = determinism.enable(cfg.seed) if cfg.deterministic else determinism.settings(seed=cfg.seed)
@@ -278,106 +137,114 @@ def measure(config: dict[str, Any], prefer_verl: bool = True) -> dict[str, Any]:
 def _measure(cfg: Config, kernels: Kernels) -> dict[str, Any]:
     import torch
 
-    from rlkit.measure import PhaseTimer
-    from rlkit.models import build_random_model, count_parameters
-
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no CUDA device is visible; fix: run the tiny profile or on a GPU")
-    device = torch.device(cfg.device)
-    dtype = getattr(torch, cfg.dtype)
-    model = build_random_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
-                               attn_implementation=cfg.attn_implementation, use_cache=False)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    batch = make_batch(cfg, model.config.vocab_size, device)
-    n, p, r = cfg.num_sequences, cfg.prompt_length, cfg.response_length
-    mask = batch["response_mask"]
-    batch_num_tokens = int(mask.sum())
+    h = _Harness(cfg, kernels)
+    with h.timer.phase("warmup"):
+        h.model.eval()
+        with torch.no_grad():
+            h.forward(slice(0, cfg.micro_batch_size), with_entropy=True)
+    old = _old_passes(h)
+    rollout_log_probs = (old["log_probs"] + h.batch["rollout_noise"]).clamp(max=0.0) * h.mask
+    # What replaces the pass with the skip: a placeholder copy of the rollout log-probs.
+    with h.timer.phase("old_log_prob_skipped"):
+        placeholder = rollout_log_probs.clone()
+    del placeholder
+    # Decoupled mode: verl's driver computes the IS weights once over the whole padded batch.
+    decoupled = {level: kernels.is_weights(old["log_probs"] - rollout_log_probs, h.mask, level)
+                 for level in ("token", "sequence")}
+    old["repeat_weights_diff"] = {  # the same weights from the first old pass: what the unskipped run varies by
+        level: masked_max_abs_diff(kernels.is_weights(old["first_log_probs"] - rollout_log_probs, h.mask, level),
+                                    decoupled[level], h.mask) for level in ("token", "sequence")
+    }
+    params = [q for q in h.model.parameters() if q.requires_grad]
+    updates, grads = {}, {}
+    for name, skip in (("skip", True), ("no_skip", False), ("no_skip_rerun", False)):
+        updates[name] = h.update(skip, f"update_{name}", old["log_probs"], rollout_log_probs, decoupled)
+        grads[name] = [q.grad.detach().clone() for q in params]
+    return {
+        "setup": _setup(h),
+        "bit_exactness": _bit_exactness(h, old, decoupled, updates, grads),
+        "timing": _timing(h),
+        "phases": h.timer.as_dict(),
+    }
 
-    def forward(rows: slice, with_entropy: bool):
-        out = model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows],
-                    use_cache=False, logits_to_keep=r + 1)
+
+class _Harness:
+    """One measurement's random-init model, batch, kernels and timer, and verl's two passes over them in small: the
+    separate old-log-prob pass (no grad, eval mode) and the update's forward + loss + backward per micro-batch."""
+
+    def __init__(self, cfg: Config, kernels: Kernels) -> None:
+        import torch
+
+        from rlkit.measure.samplers import PhaseTimer
+        from rlkit.models.qwen import build_random_model
+
+        self.cfg, self.kernels = cfg, kernels
+        device = torch.device(cfg.device)
+        self.model = build_random_model(cfg.model, seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=device,
+                                        attn_implementation=cfg.attn_implementation, use_cache=False)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.batch = make_batch(cfg, self.model.config.vocab_size, device)
+        self.mask = self.batch["response_mask"]
+        self.batch_num_tokens = int(self.mask.sum())
+        self.timer = PhaseTimer()
+
+    def forward(self, rows: slice, with_entropy: bool):
+        p, r = self.cfg.prompt_length, self.cfg.response_length
+        out = self.model(input_ids=self.batch["input_ids"][rows], attention_mask=self.batch["attention_mask"][rows],
+                         use_cache=False, logits_to_keep=r + 1)
         logits = out.logits[:, :-1].float()  # positions p-1 .. p+r-2 predict the response tokens
-        labels = batch["input_ids"][rows, p:]
-        log_probs = kernels.log_probs(logits, labels)
-        return log_probs, (kernels.entropy(logits) if with_entropy else None)
+        log_probs = self.kernels.log_probs(logits, self.batch["input_ids"][rows, p:])
+        return log_probs, (self.kernels.entropy(logits) if with_entropy else None)
 
-    def micro_batches(size: int):
+    def micro_batches(self, size: int) -> list[slice]:
+        n = self.cfg.num_sequences
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def old_log_prob_pass(size: int):
+    def old_log_prob_pass(self, size: int):
         """verl's compute_log_prob: eval mode, no grad, calculate_entropy=True."""
-        model.eval()
+        import torch
+
+        self.model.eval()
         lps, ents = [], []
         with torch.no_grad():
-            for rows in micro_batches(size):
-                lp, ent = forward(rows, with_entropy=True)
+            for rows in self.micro_batches(size):
+                lp, ent = self.forward(rows, with_entropy=True)
                 lps.append(lp)
                 ents.append(ent)
         return torch.cat(lps), torch.cat(ents)
 
-    timer = PhaseTimer()
-    with timer.phase("warmup"):
-        model.eval()
-        with torch.no_grad():
-            forward(slice(0, cfg.micro_batch_size), with_entropy=True)
-    passes = []  # the first and the last pass: the unskipped old pass against a repeat of itself
-    for _ in range(cfg.timing_repeats):
-        with timer.phase("old_log_prob"):
-            passes = [*passes[:1], old_log_prob_pass(cfg.micro_batch_size)]
-    if len(passes) == 1:
-        passes.append(old_log_prob_pass(cfg.micro_batch_size))  # untimed
-    (first_log_probs, first_entropy), (old_log_probs, old_entropy) = passes
-    del passes
-    alt_diff = None
-    if cfg.alt_micro_batch_size:
-        with timer.phase("old_log_prob_alt_micro_batch"):
-            alt_log_probs, _ = old_log_prob_pass(cfg.alt_micro_batch_size)
-        alt_diff = _masked_max_abs_diff(alt_log_probs, old_log_probs, mask)
-        del alt_log_probs
+    def update(self, skip: bool, phase: str, old_log_probs, rollout_log_probs, decoupled_weights) -> dict[str, Any]:
+        """One PPO mini-batch: forward (train mode, grad, checkpointing) + loss + backward per micro-batch; with
+        ``skip`` the update's own detached log-probs stand for the old ones (and the IS weights come from them)."""
+        import torch
 
-    rollout_log_probs = (old_log_probs + batch["rollout_noise"]).clamp(max=0.0) * mask
-    # What replaces the pass with the skip: a placeholder copy of the rollout log-probs.
-    with timer.phase("old_log_prob_skipped"):
-        placeholder = rollout_log_probs.clone()
-    del placeholder
-    # Decoupled mode: verl's driver computes the IS weights once over the whole padded batch.
-    decoupled_weights = {
-        level: kernels.is_weights(old_log_probs - rollout_log_probs, mask, level) for level in ("token", "sequence")
-    }
-    repeat_weights_diff = {  # the same weights from the first old pass: what the unskipped run varies by
-        level: _masked_max_abs_diff(kernels.is_weights(first_log_probs - rollout_log_probs, mask, level),
-                                    decoupled_weights[level], mask) for level in ("token", "sequence")
-    }
-
-    params = [q for q in model.parameters() if q.requires_grad]
-
-    def update(skip: bool, phase: str):
-        """One PPO mini-batch: forward (train mode, grad, checkpointing) + loss + backward per micro-batch."""
-        model.train()
-        model.zero_grad(set_to_none=True)
+        self.model.train()
+        self.model.zero_grad(set_to_none=True)
         served, served_entropy, served_weights, total_loss = [], [], {"token": [], "sequence": []}, 0.0
         ratio_dev = 0.0
-        with timer.phase(phase):
-            for rows in micro_batches(cfg.micro_batch_size):
-                width = int(batch["lengths"][rows].max())  # the loss sees the micro-batch padded to its own max
-                log_prob, entropy = forward(rows, with_entropy=True)
+        with self.timer.phase(phase):
+            for rows in self.micro_batches(self.cfg.micro_batch_size):
+                width = int(self.batch["lengths"][rows].max())  # the loss sees the micro-batch padded to its own max
+                log_prob, entropy = self.forward(rows, with_entropy=True)
                 log_prob, entropy = log_prob[:, :width], entropy[:, :width]
-                mb_mask = mask[rows, :width]
-                rollout = rollout_log_probs[rows, :width]
+                mb_mask = self.mask[rows, :width]
                 if skip:
                     old = log_prob.detach()
-                    weights = {lv: kernels.is_weights(old - rollout, mb_mask, lv) for lv in ("token", "sequence")}
+                    rollout = rollout_log_probs[rows, :width]
+                    weights = {lv: self.kernels.is_weights(old - rollout, mb_mask, lv) for lv in ("token", "sequence")}
                 else:
                     old = old_log_probs[rows, :width]
                     weights = {lv: w[rows, :width] for lv, w in decoupled_weights.items()}
-                loss = kernels.policy_loss(old, log_prob, batch["advantages"][rows, :width], mb_mask,
-                                           batch_num_tokens, weights["token"])
+                loss = self.kernels.policy_loss(old, log_prob, self.batch["advantages"][rows, :width], mb_mask,
+                                                self.batch_num_tokens, weights["token"])
                 loss.backward()
                 total_loss += float(loss.detach())
                 ratio = torch.exp(log_prob.detach() - old)
-                ratio_dev = max(ratio_dev, _masked_max_abs_diff(ratio, torch.ones_like(ratio), mb_mask))
-                pad = (0, r - width)
+                ratio_dev = max(ratio_dev, masked_max_abs_diff(ratio, torch.ones_like(ratio), mb_mask))
+                pad = (0, self.cfg.response_length - width)
                 served.append(torch.nn.functional.pad(log_prob.detach(), pad))
                 served_entropy.append(torch.nn.functional.pad(entropy.detach(), pad))
                 for lv in weights:
@@ -387,74 +254,104 @@ def _measure(cfg: Config, kernels: Kernels) -> dict[str, Any]:
             "weights": {lv: torch.cat(w) for lv, w in served_weights.items()}, "ratio_max_abs_dev_from_1": ratio_dev,
         }
 
-    def grads_max_abs_diff(a, b) -> float:
-        return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
+    def mean_entropy(self, entropy) -> float:
+        return float(masked_sum(entropy, self.mask) / self.batch_num_tokens)
 
-    skip = update(skip=True, phase="update_skip")
-    grads_skip = [q.grad.detach().clone() for q in params]
-    no_skip = update(skip=False, phase="update_no_skip")
-    grads_no_skip = [q.grad.detach().clone() for q in params]
-    rerun = update(skip=False, phase="update_no_skip_rerun")
-    grads_rerun = [q.grad.detach() for q in params]
 
-    mean_entropy = lambda ent: float(_masked_sum(ent, mask) / batch_num_tokens)
-    seconds = {k: timer.seconds[k] / timer.counts[k] for k in timer.seconds}
-    env_gpu = torch.cuda.get_device_name(0) if cfg.device == "cuda" else None
+def _old_passes(h: _Harness) -> dict[str, Any]:
+    """The timed old-log-prob passes: the first and the last (the unskipped pass against a repeat of itself), and the
+    largest difference that another micro-batch size makes."""
+    cfg = h.cfg
+    passes = []
+    for _ in range(cfg.timing_repeats):
+        with h.timer.phase("old_log_prob"):
+            passes = [*passes[:1], h.old_log_prob_pass(cfg.micro_batch_size)]
+    if len(passes) == 1:
+        passes.append(h.old_log_prob_pass(cfg.micro_batch_size))  # untimed
+    (first_log_probs, first_entropy), (log_probs, entropy) = passes
+    alt_diff = None
+    if cfg.alt_micro_batch_size:
+        with h.timer.phase("old_log_prob_alt_micro_batch"):
+            alt_log_probs, _ = h.old_log_prob_pass(cfg.alt_micro_batch_size)
+        alt_diff = masked_max_abs_diff(alt_log_probs, log_probs, h.mask)
+    return {"first_log_probs": first_log_probs, "first_entropy": first_entropy, "log_probs": log_probs,
+            "entropy": entropy, "alt_diff": alt_diff}
+
+
+def _setup(h: _Harness) -> dict[str, Any]:
+    import torch
+
+    from rlkit.models.qwen import count_parameters
+
+    cfg = h.cfg
     return {
-        "setup": {
-            "model": cfg.model, "parameters": count_parameters(model), "device": cfg.device, "gpu": env_gpu,
-            "dtype": cfg.dtype, "attn_implementation": cfg.attn_implementation,
-            "gradient_checkpointing": cfg.gradient_checkpointing, "num_sequences": n,
-            "micro_batch_size": cfg.micro_batch_size, "num_micro_batches": len(micro_batches(cfg.micro_batch_size)),
-            "alt_micro_batch_size": cfg.alt_micro_batch_size, "prompt_length": p, "response_length": r,
-            "response_tokens": batch_num_tokens, "total_tokens": int(batch["attention_mask"].sum()),
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "torch": torch.__version__,
-        },
-        "bit_exactness": {
-            "served_vs_old_log_prob_max_abs_diff": _masked_max_abs_diff(skip["log_probs"], old_log_probs, mask),
-            "entropy_update_vs_old_pass_max_abs_diff": _masked_max_abs_diff(skip["entropy"], old_entropy, mask),
-            "actor_entropy_old_pass": mean_entropy(old_entropy),
-            "actor_entropy_update_forward": mean_entropy(skip["entropy"]),
-            "alt_micro_batch_old_log_prob_max_abs_diff": alt_diff,
-            "old_log_prob_repeat_max_abs_diff": _masked_max_abs_diff(first_log_probs, old_log_probs, mask),
-            "old_entropy_repeat_max_abs_diff": _masked_max_abs_diff(first_entropy, old_entropy, mask),
-            "is_weights_token_repeat_max_abs_diff": repeat_weights_diff["token"],
-            "is_weights_sequence_repeat_max_abs_diff": repeat_weights_diff["sequence"],
-            "is_weights_token_max_abs_diff": _masked_max_abs_diff(
-                skip["weights"]["token"], decoupled_weights["token"], mask),
-            "is_weights_sequence_max_abs_diff": _masked_max_abs_diff(
-                skip["weights"]["sequence"], decoupled_weights["sequence"], mask),
-            "is_weights_token_mean": float(_masked_sum(decoupled_weights["token"], mask) / batch_num_tokens),
-            "is_weights_token_truncated_fraction": float(
-                _masked_sum((decoupled_weights["token"] >= cfg.is_threshold).float(), mask) / batch_num_tokens),
-            "loss_skip": skip["loss"], "loss_no_skip": no_skip["loss"],
-            "loss_abs_diff": abs(skip["loss"] - no_skip["loss"]),
-            "grad_max_abs_diff": grads_max_abs_diff(grads_skip, grads_no_skip),
-            "grad_rerun_max_abs_diff": grads_max_abs_diff(grads_no_skip, grads_rerun),
-            "loss_rerun_abs_diff": abs(rerun["loss"] - no_skip["loss"]),
-            "ratio_max_abs_dev_from_1_skip": skip["ratio_max_abs_dev_from_1"],
-            "ratio_max_abs_dev_from_1_no_skip": no_skip["ratio_max_abs_dev_from_1"],
-        },
-        "timing": {
-            "old_log_prob_seconds": seconds["old_log_prob"],
-            "old_log_prob_skipped_seconds": seconds["old_log_prob_skipped"],
-            "skipped_over_unskipped": seconds["old_log_prob_skipped"] / seconds["old_log_prob"],
-            "update_seconds_skip": seconds["update_skip"],
-            "update_seconds_no_skip": seconds["update_no_skip"],
-            "old_log_prob_peak_device_gib": timer.peak_device_gib["old_log_prob"],
-            "update_peak_device_gib": timer.peak_device_gib["update_skip"],
-            "timing_repeats": cfg.timing_repeats,
-        },
-        "phases": timer.as_dict(),
+        "model": cfg.model, "parameters": count_parameters(h.model), "device": cfg.device,
+        "gpu": torch.cuda.get_device_name(0) if cfg.device == "cuda" else None,
+        "dtype": cfg.dtype, "attn_implementation": cfg.attn_implementation,
+        "gradient_checkpointing": cfg.gradient_checkpointing, "num_sequences": cfg.num_sequences,
+        "micro_batch_size": cfg.micro_batch_size, "num_micro_batches": len(h.micro_batches(cfg.micro_batch_size)),
+        "alt_micro_batch_size": cfg.alt_micro_batch_size, "prompt_length": cfg.prompt_length,
+        "response_length": cfg.response_length, "response_tokens": h.batch_num_tokens,
+        "total_tokens": int(h.batch["attention_mask"].sum()),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch": torch.__version__,
+    }
+
+
+def _grads_max_abs_diff(a, b) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def _bit_exactness(h: _Harness, old, decoupled, updates, grads) -> dict[str, Any]:
+    """What the skip changes, and what repeating the unskipped run changes (the bar the skip is held to)."""
+    mask, tokens, skip, no_skip = h.mask, h.batch_num_tokens, updates["skip"], updates["no_skip"]
+    return {
+        "served_vs_old_log_prob_max_abs_diff": masked_max_abs_diff(skip["log_probs"], old["log_probs"], mask),
+        "entropy_update_vs_old_pass_max_abs_diff": masked_max_abs_diff(skip["entropy"], old["entropy"], mask),
+        "actor_entropy_old_pass": h.mean_entropy(old["entropy"]),
+        "actor_entropy_update_forward": h.mean_entropy(skip["entropy"]),
+        "alt_micro_batch_old_log_prob_max_abs_diff": old["alt_diff"],
+        "old_log_prob_repeat_max_abs_diff": masked_max_abs_diff(old["first_log_probs"], old["log_probs"], mask),
+        "old_entropy_repeat_max_abs_diff": masked_max_abs_diff(old["first_entropy"], old["entropy"], mask),
+        "is_weights_token_repeat_max_abs_diff": old["repeat_weights_diff"]["token"],
+        "is_weights_sequence_repeat_max_abs_diff": old["repeat_weights_diff"]["sequence"],
+        "is_weights_token_max_abs_diff": masked_max_abs_diff(skip["weights"]["token"], decoupled["token"], mask),
+        "is_weights_sequence_max_abs_diff": masked_max_abs_diff(
+            skip["weights"]["sequence"], decoupled["sequence"], mask),
+        "is_weights_token_mean": float(masked_sum(decoupled["token"], mask) / tokens),
+        "is_weights_token_truncated_fraction": float(
+            masked_sum((decoupled["token"] >= h.cfg.is_threshold).float(), mask) / tokens),
+        "loss_skip": skip["loss"], "loss_no_skip": no_skip["loss"],
+        "loss_abs_diff": abs(skip["loss"] - no_skip["loss"]),
+        "grad_max_abs_diff": _grads_max_abs_diff(grads["skip"], grads["no_skip"]),
+        "grad_rerun_max_abs_diff": _grads_max_abs_diff(grads["no_skip"], grads["no_skip_rerun"]),
+        "loss_rerun_abs_diff": abs(updates["no_skip_rerun"]["loss"] - no_skip["loss"]),
+        "ratio_max_abs_dev_from_1_skip": skip["ratio_max_abs_dev_from_1"],
+        "ratio_max_abs_dev_from_1_no_skip": no_skip["ratio_max_abs_dev_from_1"],
+    }
+
+
+def _timing(h: _Harness) -> dict[str, Any]:
+    timer = h.timer
+    seconds = {k: timer.seconds[k] / timer.counts[k] for k in timer.seconds}
+    return {
+        "old_log_prob_seconds": seconds["old_log_prob"],
+        "old_log_prob_skipped_seconds": seconds["old_log_prob_skipped"],
+        "skipped_over_unskipped": seconds["old_log_prob_skipped"] / seconds["old_log_prob"],
+        "update_seconds_skip": seconds["update_skip"],
+        "update_seconds_no_skip": seconds["update_no_skip"],
+        "old_log_prob_peak_device_gib": timer.peak_device_gib["old_log_prob"],
+        "update_peak_device_gib": timer.peak_device_gib["update_skip"],
+        "timing_repeats": h.cfg.timing_repeats,
     }
 
 
 def run(cfg: Config) -> dict[str, Any]:
     """Measure in a fresh process, then add the guard's verdicts (pure config logic, no verl needed)."""
-    from rlkit import determinism, onpolicy
-    from rlkit.launch import run_module
-    from rlkit.params import as_dict
+    from rlkit.core.params import as_dict
+    from rlkit.measure import determinism
+    from rlkit.measure.launch import run_module
+    from rlkit.patches.verl import onpolicy
 
     module = __name__ if __name__ != "__main__" else "rlkit.experiments.skip_old_logprob"
     metrics = run_module(module, as_dict(cfg), env=determinism.child_env(cfg.deterministic))
@@ -471,8 +368,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if "--config" in sys.argv:  # launched by rlkit.launch.run_module
-        from rlkit.launch import child_main
+    if "--config" in sys.argv:  # launched by rlkit.measure.launch.run_module
+        from rlkit.measure.launch import child_main
 
         child_main(measure)
     else:

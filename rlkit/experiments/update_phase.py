@@ -15,7 +15,7 @@ the last. Arms (``name`` or ``name@ranks``):
 - ``host_pinned``: HostAdamW with pinned staging buffers (pinned only where CUDA exists),
 - ``host_pinned_rank0``: + rank 0 owns the Adam state and broadcasts the master (needs >= 2 ranks).
 
-Each arm runs in a fresh process (torchrun for several ranks) through :func:`rlkit.launch.run_module`;
+Each arm runs in a fresh process (torchrun for several ranks) through :func:`rlkit.measure.launch.run_module`;
 with fewer GPUs than ranks, the ranks share GPU 0 and every collective runs on gloo (NCCL refuses two
 ranks on one device). ``memory_cap_gib`` emulates a smaller card through
 ``torch.cuda.set_per_process_memory_fraction`` (per process).
@@ -46,7 +46,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.params import ParamError, as_dict
+from rlkit.core.params import ParamError, as_dict
 
 NOTEBOOK = "02_host_adamw"
 ARMS = ("gpu_adamw", "host_pageable", "host_pinned", "host_pinned_rank0")
@@ -57,7 +57,7 @@ ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads p, g, m, v (16 B) and writes p, 
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset: tiny | qwen3-735m | qwen3-4b | qwen3-8b
+    model: str  # rlkit.models.qwen preset: tiny | qwen3-735m | qwen3-4b | qwen3-8b
     device: str  # auto (cuda if available) | cuda | cpu
     arms: tuple[str, ...]  # arm names from ARMS, optionally "@<ranks>" (default 1 rank)
     num_sequences: int  # sequences in the mini-batch, all ranks together (seed: 256)
@@ -181,7 +181,7 @@ def build_fsdp_model(model: str, device, *, seed: int = 0, gradient_checkpointin
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    from rlkit.models import build_random_model
+    from rlkit.models.qwen import build_random_model
 
     module = build_random_model(model, seed=seed, dtype=torch.float32, device=device, **model_overrides)
     module.config.use_cache = False
@@ -276,7 +276,7 @@ CHILD = "rlkit.experiments._update_phase_rank"
 
 def run(cfg: Config) -> dict[str, Any]:
     """Run every arm and the two benchmarks, each in a fresh process; return the metrics dict."""
-    from rlkit.launch import LaunchError, run_module
+    from rlkit.measure.launch import LaunchError, run_module
 
     config = as_dict(cfg)
     arms = []
@@ -321,7 +321,7 @@ def summarize(arms: list[dict], bench: dict) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- notebook views
 def arms_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per arm for a DataFrame: phase seconds, memory, Adam GiB per rank, parity."""
-    from rlkit.measure import GIB
+    from rlkit.measure.samplers import GIB
 
     rows = []
     for a in metrics["arms"]:
@@ -364,7 +364,7 @@ def memory_figure(metrics: dict[str, Any]):
     """Plotly grouped bars: Adam state GiB per rank, host peak RSS and peak device memory per arm."""
     import plotly.graph_objects as go
 
-    from rlkit.measure import GIB
+    from rlkit.measure.samplers import GIB
 
     ok = [a for a in metrics["arms"] if a["status"] == "ok"]
     fig = go.Figure()

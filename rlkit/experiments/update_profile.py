@@ -4,20 +4,21 @@
     python -m rlkit.experiments.update_profile --reanalyze DIR/update_profile/<tag>
 
 writes ``DIR/update_profile/<tag>/`` (``params.yaml``, ``env.json``, ``metrics.json``, ``trace.json.gz`` and
-``SUMMARY.md``, the short summary of :func:`markdown`; the tag defaults to the profile). Needs only torch and transformers (the GPU node has neither verl nor flash-attn); one
+``SUMMARY.md``, the short summary of :func:`rlkit.experiments.update_profile_markdown.markdown`; the tag defaults to
+the profile). Needs only torch and transformers (the GPU node has neither verl nor flash-attn); one
 process, one device. ``--reanalyze`` recomputes ``metrics.json``'s ``summary`` from the folder's trace with the
-current :mod:`rlkit.trace_summary` (no device needed), records the commit that did it and rewrites ``SUMMARY.md``.
+current :mod:`rlkit.measure.trace_summary` (no device needed), records the commit that did it and rewrites ``SUMMARY.md``.
 
 The update is what verl 0.9.1 runs at the seed profile (``nbs/params/05_grpo_qwen3_4b.h200-seed.yaml``), minus
-verl: a random-init ``model`` (rlkit.models preset, no download), bf16 compute, non-reentrant gradient
+verl: a random-init ``model`` (rlkit.models.qwen preset, no download), bf16 compute, non-reentrant gradient
 checkpointing, ``micro_batches`` unpadded packed micro-batches of at most ``max_tokens_per_micro_batch`` tokens
 (verl's ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``: sequences drawn until the update holds
 ``micro_batch_fill`` of ``micro_batches x max_tokens_per_micro_batch`` tokens, split into that many micro-batches
 by longest-first balancing), each sequence a ``prompt_tokens`` prompt plus a response of
-:func:`rlkit.length_model.sample_response_lengths` (geometric, mean ``response_mean``, capped at
-``response_cap``); attention through rlkit's ``rlkit_varlen`` (:mod:`rlkit.patches.varlen_attention`: position ids
+:func:`rlkit.models.lengths.sample_response_lengths` (geometric, mean ``response_mean``, capped at
+``response_cap``); attention through rlkit's ``rlkit_varlen`` (:mod:`rlkit.patches.kernels.varlen_attention`: position ids
 that restart per sequence, PyTorch's varlen flash kernel on the GPU); log-probs from the final hidden states
-through :func:`rlkit.patches.chunked_logprobs.chunked_linear_logprobs` (entropy computed and detached, as with
+through :func:`rlkit.patches.kernels.chunked_logprobs.chunked_linear_logprobs` (entropy computed and detached, as with
 ``metric_entropy``); verl's PPO token loss (clipped ratio, clip 0.2, dual clip 3, on-policy old log-probs, per-sequence
 advantages, token-mean over the update's response tokens). Like verl's FSDP engine: the forward under bf16
 autocast, ``loss.detach().item()`` after every micro-batch's forward (``forward_step``), FSDP ``no_sync`` on all
@@ -38,36 +39,29 @@ profiler (wall time, the MFU's denominator), then one update under ``torch.profi
 ``record_shapes`` and ``with_stack`` off) inside the annotation ``rlkit_update`` (a device synchronize at its end),
 micro-batches annotated ``micro_batch<i>`` (verl's names), the attention call ``rlkit_varlen_attention``, the
 log-prob call ``rlkit_chunked_logprobs``, the clip + step ``optimizer_step``. The Chrome trace is analysed by
-:func:`rlkit.trace_summary.summarize` (``summary``) and kept gzipped as ``trace.json.gz`` when it fits in
+:func:`rlkit.measure.trace_summary.summarize` (``summary``) and kept gzipped as ``trace.json.gz`` when it fits in
 ``trace_max_mib``; otherwise only ``micro_batch0``'s part is kept (``trace.kept`` says which; the summary is
-always of the whole update). FLOPs: :func:`rlkit.roofline.compute_limits` for the update's sequences (model
+always of the whole update). FLOPs: :func:`rlkit.planning.roofline.compute_limits` for the update's sequences (model
 FLOPs fwd + bwd of the real tokens; hardware FLOPs + the checkpoint recompute), against
-:func:`rlkit.roofline.peak_bf16_flops`; ``mfu_busy`` is the MFU the update would have with no GPU idle time.
+:func:`rlkit.planning.roofline.peak_bf16_flops`; ``mfu_busy`` is the MFU the update would have with no GPU idle time.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit import models
-from rlkit import params as P
+from rlkit.core import params as P
+from rlkit.experiments.update_profile_markdown import markdown
+from rlkit.experiments.verl_update import UPDATE, annotated_attention, build, make_micro_batch, micro_batch_plan, one_update
+from rlkit.models import qwen as models
 
 NOTEBOOK = "update_profile"  # the results folder's name (no notebook renders these yet)
 WRAPS = ("plain", "fsdp", "fsdp_cast_once")
 OPTIMIZERS = ("none", "gpu_adamw", "host_adamw")
-UPDATE = "rlkit_update"  # annotation of the profiled update: the summary's window
-ATTENTION_REGION = "rlkit_varlen_attention"
-LOGPROB_REGION = "rlkit_chunked_logprobs"
-OPTIMIZER_REGION = "optimizer_step"
-CLIP_RATIO = 0.2  # verl's clip_ratio default
-CLIP_RATIO_C = 3.0  # verl's clip_ratio_c default (dual clip)
-GRAD_CLIP = 1.0  # verl's optim.clip_grad default
-WEIGHT_DECAY = 0.01  # verl's optim.weight_decay default
 TRACE_FILE = "trace.json.gz"
 SUMMARY_FILE = "SUMMARY.md"  # markdown(metrics): the short summary to commit
 GIB = 2**30
@@ -75,7 +69,7 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Config:
-    model: str  # rlkit.models preset: qwen3-4b | tiny
+    model: str  # rlkit.models.qwen preset: qwen3-4b | tiny
     device: str  # auto (cuda if available) | cuda | cpu
     wrap: str  # plain | fsdp | fsdp_cast_once (FSDP1 NO_SHARD, 1 rank, like verl's actor)
     optimizer: str  # none (fwd/bwd only) | gpu_adamw | host_adamw (HostAdamW, pinned; needs an fsdp wrap)
@@ -88,7 +82,7 @@ class Config:
     max_tokens_per_micro_batch: int  # verl's ppo_max_token_len_per_gpu (packed tokens per micro-batch, at most)
     micro_batch_fill: float  # tokens drawn / (micro_batches x max_tokens_per_micro_batch), in (0, 1]
     prompt_tokens: int  # tokens of every prompt
-    response_mean: int  # mean response tokens of the geometric length model (rlkit.length_model)
+    response_mean: int  # mean response tokens of the geometric length model (rlkit.models.lengths)
     response_cap: int  # max_response_length
     chunk_rows: int  # rows per chunk of chunked_linear_logprobs
     lr: float  # optimizer learning rate
@@ -106,7 +100,7 @@ class Config:
             if getattr(self, key) not in allowed:
                 raise P.ParamError(f"{key}={getattr(self, key)!r}: use one of {list(allowed)}.")
         if self.model not in models.PRESETS:
-            raise P.ParamError(f"model={self.model!r}: use an rlkit.models preset ({sorted(models.PRESETS)}).")
+            raise P.ParamError(f"model={self.model!r}: use an rlkit.models.qwen preset ({sorted(models.PRESETS)}).")
         if self.optimizer == "host_adamw" and self.wrap == "plain":
             raise P.ParamError("optimizer='host_adamw' steps FSDP's fp32 flat parameters; wrap='plain' has bf16 "
                                "weights. Fix: -p wrap=fsdp (or fsdp_cast_once), or -p optimizer=gpu_adamw.")
@@ -155,179 +149,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-# ------------------------------------------------------------------------------------------------ the workload
-def draw_sequences(cfg: Config) -> list[tuple[int, int]]:
-    """(prompt, response) token counts, drawn in order until the next one would pass the update's token target."""
-    from rlkit.length_model import sample_response_lengths
-
-    target = cfg.micro_batch_fill * cfg.micro_batches * cfg.max_tokens_per_micro_batch
-    pool = sample_response_lengths(cfg.response_mean, cfg.response_cap, int(target // (cfg.prompt_tokens + 1)) + 1,
-                                   seed=cfg.seed)
-    out, total = [], 0
-    for response in pool:
-        if total + cfg.prompt_tokens + response > target:
-            break
-        out.append((cfg.prompt_tokens, response))
-        total += cfg.prompt_tokens + response
-    return out
-
-
-def pack(lengths: list[int], bins: int) -> list[list[int]]:
-    """Indices of ``lengths`` in ``bins`` groups of balanced token sums: longest first into the lightest group
-    (verl balances its dynamic micro-batches the same way, Karmarkar-Karp aside); each group in draw order."""
-    groups: list[list[int]] = [[] for _ in range(bins)]
-    loads = [0] * bins
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        b = min(range(bins), key=loads.__getitem__)
-        groups[b].append(i)
-        loads[b] += lengths[i]
-    return [sorted(g) for g in groups]
-
-
-def micro_batch_plan(cfg: Config) -> list[list[tuple[int, int]]]:
-    """The update's micro-batches: (prompt, response) per sequence, every micro-batch within the token limit
-    (the last drawn sequences are dropped until the balanced split fits)."""
-    seqs = draw_sequences(cfg)
-    while True:
-        groups = pack([p + r for p, r in seqs], cfg.micro_batches)
-        if all(sum(sum(seqs[i]) for i in g) <= cfg.max_tokens_per_micro_batch for g in groups):
-            break
-        seqs = seqs[:-1]
-    if any(not g for g in groups):
-        raise P.ParamError(f"the update's tokens do not fill {cfg.micro_batches} micro-batches. Fix: raise "
-                           f"micro_batch_fill or max_tokens_per_micro_batch, or lower micro_batches.")
-    return [[seqs[i] for i in g] for g in groups]
-
-
-def make_micro_batch(seqs: list[tuple[int, int]], vocab: int, gen) -> dict[str, Any]:
-    """One packed row [1, tokens]: random ids, positions restarting per sequence, next-token labels, the mask of
-    labels that are response tokens, and one random advantage per sequence (GRPO's per-sequence scalar)."""
-    import torch
-
-    lengths = [p + r for p, r in seqs]
-    ids = torch.randint(0, vocab, (1, sum(lengths)), generator=gen)
-    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-    mask = torch.cat([(torch.arange(p + r) >= p - 1) & (torch.arange(p + r) < p + r - 1) for p, r in seqs])
-    adv = torch.cat([torch.full((p + r,), float(a)) for (p, r), a in zip(seqs, torch.randn(len(seqs), generator=gen))])
-    return {"input_ids": ids, "position_ids": positions, "labels": ids.roll(-1, dims=1),
-            "loss_mask": mask.float().unsqueeze(0), "advantages": adv.unsqueeze(0)}
-
-
-def ppo_token_loss(log_probs, batch: dict[str, Any], normalizer: float):
-    """verl's vanilla PPO policy loss (clip ratio 0.2, dual clip 3.0 for negative advantages), token-mean over
-    ``normalizer`` tokens; on-policy: the old log-probs are these, detached."""
-    import torch
-
-    ratio = torch.exp(log_probs - log_probs.detach())
-    adv = batch["advantages"]
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP_RATIO, 1 + CLIP_RATIO))
-    loss = torch.where(adv < 0, torch.minimum(-adv * CLIP_RATIO_C, loss), loss)
-    return (loss * batch["loss_mask"]).sum() / normalizer
-
-
-# ------------------------------------------------------------------------------------------------ the model
-def install_logprob_forward(module, chunk_rows: int) -> None:
-    """The causal LM's forward returns (log-probs, entropy) from the final hidden states, never logits: verl's
-    ``use_fused_kernels`` path (its forward replacement), with rlkit's chunked kernel. Set on the instance, so an
-    FSDP root calls it inside its forward (the root unit's weights are unsharded there)."""
-    from torch.profiler import record_function
-
-    from rlkit.patches.chunked_logprobs import chunked_linear_logprobs
-
-    def forward(input_ids, position_ids, labels):
-        hidden = module.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        with record_function(LOGPROB_REGION):
-            return chunked_linear_logprobs(hidden, module.lm_head.weight, labels, chunk_rows=chunk_rows)
-
-    module.forward = forward
-
-
-@contextmanager
-def annotated_attention():
-    """``rlkit_varlen`` (the patch must be applied) wrapped in the annotation ``rlkit_varlen_attention``, so the
-    trace attributes its kernels (segments, layout copies, the varlen kernel) to attention."""
-    from torch.profiler import record_function
-    from transformers import AttentionInterface
-
-    from rlkit.patches import varlen_attention
-
-    original = AttentionInterface._global_mapping[varlen_attention.NAME]
-
-    def annotated(*args, **kwargs):
-        with record_function(ATTENTION_REGION):
-            return original(*args, **kwargs)
-
-    AttentionInterface._global_mapping[varlen_attention.NAME] = annotated
-    try:
-        yield
-    finally:
-        AttentionInterface._global_mapping[varlen_attention.NAME] = original
-
-
-def build(cfg: Config, device):
-    """(model to call, the Hugging Face module inside it, optimizer or None)."""
-    import torch
-
-    from rlkit.experiments import update_phase as U
-    from rlkit.patches import varlen_attention
-
-    dtype = torch.bfloat16
-    if cfg.wrap == "plain":
-        module = models.build_random_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
-        module.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = module
-    else:
-        model = U.build_fsdp_model(cfg.model, device, seed=cfg.seed, gradient_checkpointing=cfg.gradient_checkpointing,
-                                   param_dtype=dtype)
-        module = model.module
-    module.set_attn_implementation(varlen_attention.NAME)
-    install_logprob_forward(module, cfg.chunk_rows)
-    model.train()
-    params = list(model.parameters())
-    if cfg.optimizer == "none":
-        optimizer = None
-    elif cfg.optimizer == "gpu_adamw":
-        optimizer = U.make_optimizer("gpu_adamw", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
-    else:
-        optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY,
-                                     overlap_copies=cfg.overlap_copies)
-    return model, module, optimizer
-
-
-def one_update(model, optimizer, batches: list[dict[str, Any]], normalizer: float, device, *,
-               fsdp: bool) -> dict[str, Any]:
-    """One update as verl's FSDP engine runs it (module docstring); the device is synchronized at its end."""
-    import torch
-    from torch.profiler import record_function
-
-    losses, entropies, grad_norm = [], [], None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    with record_function(UPDATE):
-        (model if optimizer is None else optimizer).zero_grad(set_to_none=True)
-        for i, batch in enumerate(batches):
-            sync = model.no_sync() if fsdp and i < len(batches) - 1 else nullcontext()
-            with sync, record_function(f"micro_batch{i}"):
-                with autocast:
-                    log_probs, entropy = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                                               labels=batch["labels"])
-                    loss = ppo_token_loss(log_probs, batch, normalizer)
-                    entropies.append((entropy.detach() * batch["loss_mask"]).sum())  # a metric, no sync
-                losses.append(loss.detach().item())  # verl's forward_step: "loss": loss.detach().item()
-                loss.backward()
-        if optimizer is not None:
-            with record_function(OPTIMIZER_REGION):
-                norm = model.clip_grad_norm_(GRAD_CLIP) if fsdp else torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), GRAD_CLIP)
-                if torch.isfinite(norm):
-                    optimizer.step()
-                grad_norm = norm.item()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return {"loss": sum(losses), "entropy": float(sum(entropies)) / normalizer, "grad_norm": grad_norm}
-
-
 # ------------------------------------------------------------------------------------------------ the run
 def _device(name: str):
     import torch
@@ -341,9 +162,9 @@ def _device(name: str):
 
 def flops(cfg: Config, lengths: list[int], gpu: str | None, seconds: dict[str, float | None],
           busy_s: float | None) -> dict[str, Any]:
-    """rlkit.roofline's model and hardware FLOPs for the update's sequences, and each wall time's MFU."""
-    from rlkit import roofline
-    from rlkit.model_shape import resolve_model
+    """rlkit.planning.roofline's model and hardware FLOPs for the update's sequences, and each wall time's MFU."""
+    from rlkit.models.shape import resolve_model
+    from rlkit.planning import roofline
 
     shape = resolve_model(cfg.model)
     work = roofline.StepShape(tuple(lengths), tuple(lengths), cfg.gradient_checkpointing)
@@ -356,7 +177,7 @@ def flops(cfg: Config, lengths: list[int], gpu: str | None, seconds: dict[str, f
         "model_flops": first["model_flops"], "hardware_flops": first["hardware_flops"],
         "attention_share_of_model_flops": forward["attention"] / forward["total"],
         "peak_bf16_flops": peak[0] if peak else None,
-        "peak_source": peak[1] if peak else f"no peak for {gpu or 'a CPU'} in rlkit.roofline.PEAK_BF16_FLOPS",
+        "peak_source": peak[1] if peak else f"no peak for {gpu or 'a CPU'} in rlkit.planning.roofline.PEAK_BF16_FLOPS",
         "limit_s": first["limit_s"] if peak else None,
         **{f"mfu_{k}": (v["fraction"] if peak else None) for k, v in limits.items()},
         **{f"hardware_fraction_{k}": (v["hardware_fraction"] if peak else None) for k, v in limits.items()},
@@ -366,20 +187,13 @@ def flops(cfg: Config, lengths: list[int], gpu: str | None, seconds: dict[str, f
 def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
 
-    from rlkit import patches, trace_summary
+    from rlkit import patches
     from rlkit.experiments import update_phase as U
-    from rlkit.patches import cast_once, compiled_pointwise, compiled_rmsnorm, selective_checkpoint, varlen_attention
+    from rlkit.patches.kernels import varlen_attention
 
     device = _device(cfg.device)
-    wanted = ([varlen_attention.PATCH] + ([cast_once.PATCH] if cfg.wrap == "fsdp_cast_once" else [])
-              + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else [])
-              + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else [])
-              + ([selective_checkpoint.PATCH] if cfg.selective_layers else []))
-    if cfg.selective_layers:  # the count the patch reads, as verl's processes get it from the recipe
-        os.environ[selective_checkpoint.ENV] = str(cfg.selective_layers)
-    applied = [p for p in wanted if not p.active()]
+    applied = [p for p in _patches_for(cfg) if not p.active()]
     for patch in applied:
         patch.apply()
     own_group = cfg.wrap != "plain" and not dist.is_initialized()
@@ -393,56 +207,31 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
         batches = [{k: v.to(device) for k, v in make_micro_batch(seqs, module.config.vocab_size, gen).items()}
                    for seqs in plan]  # on the device before the update, as verl's batch is
         normalizer = float(sum(b["loss_mask"].sum() for b in batches))
-        steps = {"warmup": [], "timed": []}
-        for kind, count in (("warmup", cfg.warmup_steps), ("timed", cfg.timed_steps)):
-            for _ in range(count):
-                t0 = time.perf_counter()
-                result = one_update(model, optimizer, batches, normalizer, device, fsdp=cfg.wrap != "plain")
-                steps[kind].append({"seconds": time.perf_counter() - t0, **result})
-                print(f"[update_profile] {kind} update: {steps[kind][-1]['seconds']:.2f} s", file=sys.stderr)
-        with annotated_attention():
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            calls = dict(varlen_attention.CALLS)
-            with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
-                torch.ones(8, device=device).sum().item()  # the profiler's first events, outside the window
-                t0 = time.perf_counter()
-                result = one_update(model, optimizer, batches, normalizer, device, fsdp=cfg.wrap != "plain")
-                profiled_s = time.perf_counter() - t0
-            attention_calls = {k: v - calls.get(k, 0) for k, v in varlen_attention.CALLS.items() if v - calls.get(k, 0)}
-        peak_gib = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
-        print(f"[update_profile] profiled update: {profiled_s:.2f} s; exporting the trace", file=sys.stderr)
-        raw = out_dir / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        doc = trace_summary.load_doc(raw)
-        raw.unlink()
-        summary = trace_summary.summarize(doc["traceEvents"], window=UPDATE, top_kernels=cfg.top_kernels,
-                                          top_gaps=cfg.top_gaps)
-        trace = trace_summary.write_capped(doc, out_dir / TRACE_FILE, int(cfg.trace_max_mib * 2**20),
-                                           fallback="micro_batch0")
+
+        def update() -> dict[str, Any]:
+            return one_update(model, optimizer, batches, normalizer, device, fsdp=cfg.wrap != "plain")
+
+        steps = _unprofiled_updates(cfg, update)
+        profiled = _profiled_update(device, update)
+        print(f"[update_profile] profiled update: {profiled['seconds']:.2f} s; exporting the trace", file=sys.stderr)
+        summary, trace = _summarized_trace(cfg, profiled["prof"], out_dir)
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         timed = [s["seconds"] for s in steps["timed"]]
-        seconds = {"timed": sum(timed) / len(timed) if timed else None, "profiled": profiled_s}
+        seconds = {"timed": sum(timed) / len(timed) if timed else None, "profiled": profiled["seconds"]}
         lengths = [p + r for seqs in plan for p, r in seqs]
+        attention_calls = profiled["attention_calls"]
         return {
             "config": P.as_dict(cfg), "device": gpu or "cpu", "torch": torch.__version__,
-            "workload": {
-                "micro_batches": len(plan), "sequences": len(lengths), "tokens": sum(lengths),
-                "response_tokens": sum(r for seqs in plan for _, r in seqs),
-                "tokens_per_micro_batch": [sum(p + r for p, r in seqs) for seqs in plan],
-                "sequences_per_micro_batch": [len(seqs) for seqs in plan],
-                "sequence_tokens_mean": sum(lengths) / len(lengths), "sequence_tokens_max": max(lengths),
-                "responses": [[r for _, r in seqs] for seqs in plan],
-            },
+            "workload": _workload(plan),
             "model": {"preset": cfg.model, "params": models.count_parameters(module), "wrap": cfg.wrap,
                       "optimizer": cfg.optimizer, "compute_dtype": "bfloat16", "patches_active": active,
                       "copies_overlapped": getattr(optimizer, "last_step_overlapped", None),
                       "attn_implementation": varlen_attention.NAME, "attention_calls": attention_calls,
                       "varlen_kernel": set(attention_calls) == {"kernel"}},
-            "timing": {"warmup": steps["warmup"], "timed": steps["timed"], "profiled_s": profiled_s,
-                       "profiled": result, "profiler_overhead": profiled_s / seconds["timed"] - 1 if timed else None,
-                       "peak_allocated_gib": peak_gib},
+            "timing": {"warmup": steps["warmup"], "timed": steps["timed"], "profiled_s": profiled["seconds"],
+                       "profiled": profiled["result"],
+                       "profiler_overhead": profiled["seconds"] / seconds["timed"] - 1 if timed else None,
+                       "peak_allocated_gib": profiled["peak_gib"]},
             "flops": flops(cfg, lengths, gpu, seconds, summary["device"]["busy_ms"] / 1000 if gpu else None),
             "trace": trace,
             "summary": summary,
@@ -454,76 +243,92 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
             patch.revert()
 
 
-def markdown(metrics: dict[str, Any], *, name_chars: int = 90) -> str:
-    """The short summary to commit beside the results (``SUMMARY.md``): wall time and MFU, GPU time by category,
-    the top kernels, the largest idle gaps, the host syncs and their sources; every number from ``metrics``."""
-    from rlkit.results import fmt
+def _patches_for(cfg: Config) -> list:
+    """The patches the configuration asks for (varlen attention always); sets the selective layers' count as verl's
+    processes get it from the recipe."""
+    from rlkit.patches.fsdp import cast_once
+    from rlkit.patches.kernels import compiled_pointwise, compiled_rmsnorm, varlen_attention
+    from rlkit.patches.verl import selective_checkpoint
 
-    s, f, t, w = metrics["summary"], metrics["flops"], metrics["timing"], metrics["workload"]
-    d, cfg = s["device"], metrics["config"]
-
-    def pct(x):
-        return fmt(None if x is None else 100 * x, ".1f") + ("" if x is None else " %")
-
-    def short(name):
-        return name if len(name) <= name_chars else name[:name_chars - 3] + "..."
-
-    timed = [x["seconds"] for x in t["timed"]]
-    lines = [
-        f"# One update, profiled ({metrics['device']}, torch {metrics['torch']})", "",
-        (f"{cfg['model']}, wrap {cfg['wrap']}, optimizer {cfg['optimizer']}: {w['micro_batches']} micro-batches, "
-         f"{w['sequences']} sequences, {w['tokens']:,} tokens (mean {w['sequence_tokens_mean']:.0f}, max "
-         f"{w['sequence_tokens_max']}; per micro-batch {', '.join(f'{n:,}' for n in w['tokens_per_micro_batch'])})."),
-        "",
-        (f"- wall time: {fmt(sum(timed) / len(timed) if timed else None, '.2f')} s unprofiled, "
-         f"{t['profiled_s']:.2f} s profiled (overhead {pct(t['profiler_overhead'])}); peak allocated "
-         f"{fmt(t['peak_allocated_gib'], '.1f')} GiB"),
-        (f"- model FLOPs {f['model_flops'] / 1e12:.3g} TFLOP (attention {pct(f['attention_share_of_model_flops'])}); "
-         f"MFU {pct(f['mfu_timed'])} (profiled {pct(f['mfu_profiled'])}), {pct(f['mfu_busy'])} of the busy time alone; "
-         f"peak {fmt(f['peak_bf16_flops'] and f['peak_bf16_flops'] / 1e12, '.0f')} TFLOP/s"),
-        (f"- {s['timeline']}: busy {d['busy_ms']:.1f} ms of {s['window']['ms']:.1f} ms ({pct(d['busy_fraction'])}), "
-         f"idle {d['idle_ms']:.1f} ms in {s['idle_gaps']['count']:,} gaps; host syncs {s['host_syncs']['count']} "
-         f"({s['host_syncs']['ms']:.1f} ms blocked), device-to-host copies {s['host_syncs']['d2h_copies']['count']}"),
-        f"- trace: {metrics['trace']['kept']}", "",
-        "| category | ms | share of kernel time | share of window |", "|---|---|---|---|",
-        *[f"| {c} | {v['ms']:.1f} | {pct(v['share'])} | {pct(v['share_of_window'])} |"
-          for c, v in sorted(s["categories"].items(), key=lambda kv: -kv[1]["ms"]) if v["count"]], "",
-        *_passes_table(s, pct), "",
-        "| kernel | category | count | ms | share |", "|---|---|---|---|---|",
-        *[f"| `{short(r['name'])}` | {r['category']} | {r['count']} | {r['total_ms']:.1f} | {pct(r['share'])} |"
-          for r in s["top_kernels"]], "",
-        "| idle gap at (ms) | ms | before | after | host | phase |", "|---|---|---|---|---|---|",
-        *[f"| {g['start_ms']:.1f} | {g['ms']:.2f} | `{short(g['before'] or '-')}` | `{short(g['after'] or '-')}` | "
-          f"{', '.join(g['host']) or '-'} | {g['region'] or '-'} |" for g in s["idle_gaps"]["largest"]], "",
-        "Idle time by phase: " + ", ".join(f"{k} {v['ms']:.1f} ms ({v['count']} gaps)"
-                                           for k, v in s["idle_gaps"]["by_region"].items()) + ".", "",
-        "| sync source | count | ms | kinds | phases |", "|---|---|---|---|---|",
-        *[f"| `{r['op']}` | {r['count']} | {r['ms']:.2f} | {r['kinds']} | {r['regions']} |"
-          for r in s["host_syncs"]["by_source"]],
-    ]
-    return "\n".join(lines) + "\n"
+    if cfg.selective_layers:
+        os.environ[selective_checkpoint.ENV] = str(cfg.selective_layers)
+    return ([varlen_attention.PATCH] + ([cast_once.PATCH] if cfg.wrap == "fsdp_cast_once" else [])
+            + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else [])
+            + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else [])
+            + ([selective_checkpoint.PATCH] if cfg.selective_layers else []))
 
 
-def _passes_table(summary: dict[str, Any], pct) -> list[str]:
-    """Kernel time by pass (forward, the checkpoint's recompute, backward, optimizer) and category; a summary made
-    before the passes were counted has none."""
-    passes = summary.get("passes")
-    if not passes:
-        return ["*Kernel time by pass: not in this summary (`--reanalyze` adds it from the trace).*"]
-    cats = [c for c in summary["categories"] if any(v["ms_by_category"].get(c) for v in passes.values())]
-    return ["| pass | ms | share of kernel time | " + " | ".join(cats) + " |", "|---" * (len(cats) + 3) + "|",
-            *[f"| {p} | {v['ms']:.1f} | {pct(v['share'])} | "
-              + " | ".join(f"{v['ms_by_category'].get(c, 0.0):.1f}" for c in cats) + " |"
-              for p, v in passes.items() if v["count"]]]
+def _unprofiled_updates(cfg: Config, update) -> dict[str, list[dict[str, Any]]]:
+    """The warm-up updates, then the timed ones, each with its wall time."""
+    steps: dict[str, list[dict[str, Any]]] = {"warmup": [], "timed": []}
+    for kind, count in (("warmup", cfg.warmup_steps), ("timed", cfg.timed_steps)):
+        for _ in range(count):
+            t0 = time.perf_counter()
+            result = update()
+            steps[kind].append({"seconds": time.perf_counter() - t0, **result})
+            print(f"[update_profile] {kind} update: {steps[kind][-1]['seconds']:.2f} s", file=sys.stderr)
+    return steps
+
+
+def _profiled_update(device, update) -> dict[str, Any]:
+    """One update under torch.profiler: the profiler, the update's result and time, the attention kernels it called
+    and the device's peak allocation."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlkit.patches.kernels import varlen_attention
+
+    with annotated_attention():
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        calls = dict(varlen_attention.CALLS)
+        with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
+            torch.ones(8, device=device).sum().item()  # the profiler's first events, outside the window
+            t0 = time.perf_counter()
+            result = update()
+            seconds = time.perf_counter() - t0
+        attention_calls = {k: v - calls.get(k, 0) for k, v in varlen_attention.CALLS.items() if v - calls.get(k, 0)}
+    return {"prof": prof, "result": result, "seconds": seconds, "attention_calls": attention_calls,
+            "peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None}
+
+
+def _summarized_trace(cfg: Config, prof, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The profiled update's Chrome trace: its summary (:func:`rlkit.measure.trace_summary.summarize`, of the whole
+    update) and what of it is kept gzipped in ``out_dir`` (:func:`rlkit.measure.trace_summary.write_capped`)."""
+    from rlkit.measure import trace_summary
+
+    raw = out_dir / "trace.json"
+    prof.export_chrome_trace(str(raw))
+    doc = trace_summary.load_doc(raw)
+    raw.unlink()
+    summary = trace_summary.summarize(doc["traceEvents"], window=UPDATE, top_kernels=cfg.top_kernels,
+                                      top_gaps=cfg.top_gaps)
+    trace = trace_summary.write_capped(doc, out_dir / TRACE_FILE, int(cfg.trace_max_mib * 2**20),
+                                       fallback="micro_batch0")
+    return summary, trace
+
+
+def _workload(plan) -> dict[str, Any]:
+    """The update's micro-batches: sequences and tokens, each sequence as (prompt, response) tokens."""
+    lengths = [p + r for seqs in plan for p, r in seqs]
+    return {
+        "micro_batches": len(plan), "sequences": len(lengths), "tokens": sum(lengths),
+        "response_tokens": sum(r for seqs in plan for _, r in seqs),
+        "tokens_per_micro_batch": [sum(p + r for p, r in seqs) for seqs in plan],
+        "sequences_per_micro_batch": [len(seqs) for seqs in plan],
+        "sequence_tokens_mean": sum(lengths) / len(lengths), "sequence_tokens_max": max(lengths),
+        "responses": [[r for _, r in seqs] for seqs in plan],
+    }
 
 
 def reanalyze(folder: str | Path) -> dict[str, Any]:
     """``metrics.json``'s summary again from the folder's ``trace.json.gz`` with the current code (no device)."""
     import json
 
-    from rlkit import trace_summary
-    from rlkit.env import git_sha
-    from rlkit.jsonio import write_json_atomic
+    from rlkit.core.env import git_sha
+    from rlkit.core.jsonio import write_json_atomic
+    from rlkit.measure import trace_summary
 
     folder = Path(folder)
     metrics = json.loads((folder / "metrics.json").read_text())

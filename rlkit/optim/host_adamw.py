@@ -8,16 +8,16 @@ parameters (with FSDP1 ``use_orig_params=False``: one FlatParameter per FSDP uni
 0. ``grad_checks`` (whole model, on the device) every gradient finite; optionally identical across ranks,
 1. ``grad_d2h``   gradient -> the host "grad" staging buffer (pinned when CUDA is available),
 2. ``host_step``  torch's own functional AdamW on the host master (same kernel as torch.optim.AdamW
-                  with the matching flag, so the result is bit-identical by construction),
+                  with the matching flag, so the result is bit-identical by construction; :mod:`rlkit.optim.host_step`),
 3. ``param_pack`` master -> the host "param" staging buffer (cast if the device param is not fp32),
 4. ``broadcast``  (rank-0 owner only) the updated master from rank 0 to every rank, on the host,
 5. ``param_h2d``  staging buffer -> the device parameter.
 
 Host staging is therefore one parameter, never the whole model. Each step above is a named phase of
-an optional ``timer`` (:class:`rlkit.measure.PhaseTimer`), which the update-phase harness uses.
+an optional ``timer`` (:class:`rlkit.measure.samplers.PhaseTimer`), which the update-phase harness uses.
 
 Host-resident parameters: a parameter whose ``.data`` is a host fp32 tensor (a CPU model, or a flat
-parameter inside ``rlkit.patches.master_on_host.HostMasters.exposed()``, whose gradient stays on the
+parameter inside ``rlkit.patches.fsdp.master_on_host.HostMasters.exposed()``, whose gradient stays on the
 device) is its own master. It is stepped in place: no master copy, and ``param_pack`` / ``param_h2d``
 do nothing (their phases are still entered, so every step reports the same phase names). Its
 gradient still comes down through the "grad" staging buffer; with ``rank0_owner`` the parameter
@@ -59,13 +59,11 @@ to the device at every ``train_mode`` enter.
 """
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim.adam import adam as _adam_functional
 
 from rlkit.optim.host_checkpoint import STATE_DICT_KEY, check_role, host_state
 from rlkit.optim.host_ranks import (
@@ -76,14 +74,9 @@ from rlkit.optim.host_ranks import (
     assert_identical,
     resolve_broadcast_device,
 )
+from rlkit.optim.host_step import adam, check_hyperparameters, is_own_master, master_and_state
 from rlkit.optim.overlap import CudaCopies, step_overlapped
 from rlkit.optim.staging import StagingPool
-
-IMPLS = ("fused", "foreach", "forloop")
-
-if "decoupled_weight_decay" not in inspect.signature(_adam_functional).parameters:  # torch < 2.7
-    raise ImportError("rlkit.optim.HostAdamW needs torch.optim.adam.adam(decoupled_weight_decay=...) "
-                      f"(torch >= 2.7); this torch is {torch.__version__}. Fix: install torch>=2.11,<2.15.")
 
 
 class HostAdamW(torch.optim.Optimizer):
@@ -103,7 +96,7 @@ class HostAdamW(torch.optim.Optimizer):
     process_group: the ranks that share identical gradients (default: the world).
     skip_nonfinite: check all gradients first and skip the whole step if one is not finite.
     check_identical_grads: debug assertion that every rank holds the same gradients (checksums).
-    timer: object with ``phase(name)`` context manager (e.g. rlkit.measure.PhaseTimer), or None.
+    timer: object with ``phase(name)`` context manager (e.g. rlkit.measure.samplers.PhaseTimer), or None.
     host_threads: intra-op threads for the step: ``None`` (default) the CPUs of this process shared between
         the ranks of this host that step (see the module docstring), ``0`` leave torch's setting, ``n`` n.
     broadcast_device: rank-0 owner only: ``"auto"`` (default) ``"cuda"`` when CUDA is available and the group
@@ -139,7 +132,7 @@ class HostAdamW(torch.optim.Optimizer):
         owners: str = "group",
         copy_streams=None,
     ) -> None:
-        _check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
+        check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
         _check_owners(owners, rank0_owner)
         if host_threads is not None and (isinstance(host_threads, bool) or not isinstance(host_threads, int)
                                          or host_threads < 0):
@@ -230,7 +223,7 @@ class HostAdamW(torch.optim.Optimizer):
         return loss
 
     def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
-        in_place = _is_own_master(p)
+        in_place = is_own_master(p)
         # What rank 0 broadcasts: the updated parameter itself, or its packed copy.
         out = p.data if in_place else self.staging.view("param", p.numel(), p.dtype).view(p.shape)
         if self._is_owner:
@@ -253,23 +246,11 @@ class HostAdamW(torch.optim.Optimizer):
 
     def _host_step(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """AdamW on ``p``'s host master with ``grad`` (host fp32); (the master, whether it is ``p`` itself)."""
-        in_place = _is_own_master(p)
+        in_place = is_own_master(p)
         with self._phase("host_step"):
-            master, state = self._master_and_state(p, group, in_place)
-            self._adam(group, master, grad, state)
+            master, state = master_and_state(self.state[p], self._masters, p, group, in_place)
+            adam(self.impl, group, master, grad, state)
         return master, in_place
-
-    def _adam(self, group: dict[str, Any], master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        """torch's own functional AdamW on one host master (the kernel torch.optim.AdamW runs, see the docstring)."""
-        beta1, beta2 = group["betas"]
-        _adam_functional(
-            [master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]],
-            [state["max_exp_avg_sq"]] if group["amsgrad"] else [], [state["step"]],
-            foreach=self.impl == "foreach", fused=self.impl == "fused",
-            capturable=False, differentiable=False, has_complex=False, decoupled_weight_decay=True,
-            amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-        )
 
     def _can_overlap(self, work) -> bool:
         return (self.overlap_copies and bool(work) and not self.rank0_owner
@@ -297,36 +278,13 @@ class HostAdamW(torch.optim.Optimizer):
             if not in_place and self._is_owner:
                 p.copy_(out)
 
-    def _master_and_state(self, p: torch.Tensor, group: dict[str, Any], in_place: bool):
-        state = self.state[p]
-        fp32_param = p.dtype == torch.float32
-        if in_place:
-            master = p.data
-            self._masters.pop(p, None)  # built while p was on the device (e.g. unparked): stale now
-        else:
-            master = self._masters.get(p) if fp32_param else state.get("master")
-        if master is None:
-            master = torch.empty(p.shape, dtype=torch.float32, device="cpu")
-            master.copy_(p)
-            if fp32_param:
-                self._masters[p] = master
-            else:
-                state["master"] = master
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(master)
-            state["exp_avg_sq"] = torch.zeros_like(master)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(master)
-        return master, state
-
     def _reserve_staging(self, work, buffers: int = 1) -> None:
         """Size each staging buffer once, to the largest parameter of this step (``buffers`` 2: two per direction,
         tagged ``grad0``/``grad1`` and ``param0``/``param1``, for the overlapped step)."""
         if not work:
             return
         tags = [""] if buffers == 1 else [str(i) for i in range(buffers)]
-        packed = [p.numel() * p.element_size() for _, p in work if not _is_own_master(p)]
+        packed = [p.numel() * p.element_size() for _, p in work if not is_own_master(p)]
         for tag in tags:
             if packed:
                 self.staging.reserve("param" + tag, max(packed))
@@ -369,7 +327,7 @@ class HostAdamW(torch.optim.Optimizer):
 
     def options(self) -> dict[str, Any]:
         """The options this optimizer was built with beyond the param groups' hyper-parameters (those travel in
-        ``state_dict``); a verl checkpoint records them (``rlkit.patches.checkpoint_fingerprint``)."""
+        ``state_dict``); a verl checkpoint records them (``rlkit.patches.guards.checkpoint_fingerprint``)."""
         return {
             "impl": self.impl,
             "rank0_owner": self.rank0_owner,
@@ -398,21 +356,3 @@ class HostAdamW(torch.optim.Optimizer):
         check_role(state_dict.get(STATE_DICT_KEY), is_owner=self.is_owner, rank0_owner=self.rank0_owner)
         self.param_groups, self.state = host_state(self.param_groups, state_dict)
         self._masters.clear()  # fp32 masters are rebuilt from the restored parameters at the next step
-
-
-def _is_own_master(p: torch.Tensor) -> bool:
-    """A host fp32 parameter: its storage already is the fp32 master HostAdamW would keep."""
-    return p.device.type == "cpu" and p.dtype == torch.float32
-
-
-def _check_hyperparameters(*, lr, betas, eps, weight_decay, impl) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"HostAdamW impl={impl!r} is not one of {list(IMPLS)}. Fix: pick one (default 'fused').")
-    if not isinstance(lr, (int, float)) or lr < 0:
-        raise ValueError(f"HostAdamW lr={lr!r}: expected a float >= 0. Fix: pass a non-negative float lr.")
-    if not 0.0 <= eps:
-        raise ValueError(f"HostAdamW eps={eps!r}: expected >= 0.")
-    if len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"HostAdamW betas={betas!r}: expected two floats in [0, 1).")
-    if weight_decay < 0:
-        raise ValueError(f"HostAdamW weight_decay={weight_decay!r}: expected >= 0.")

@@ -8,7 +8,7 @@ an fp32 parameter equals the parameter after every step, so it is not saved; it 
 parameter at the next step. The master of a non-fp32 parameter is not recoverable from it and is saved as
 ``state["master"]``. A host-resident parameter is its own master: restoring the parameter restores it. Through
 verl's checkpoint manager (each rank saves and loads its own ``optimizer.state_dict()``):
-``rlkit.patches.checkpoint_fingerprint`` and tests/test_checkpoint_resume.py.
+``rlkit.patches.guards.checkpoint_fingerprint`` and tests/test_checkpoint_resume.py.
 """
 from __future__ import annotations
 

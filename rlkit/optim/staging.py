@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlkit.measure import host_available_bytes
+from rlkit.measure.samplers import host_available_bytes
 
 GIB = 2**30
 

@@ -28,27 +28,27 @@ from packaging.version import Version
 
 # Every patch rlkit ships, by name -> module. The module defines ``PATCH`` (a Patch instance).
 KNOWN_PATCHES: dict[str, str] = {
-    "offload_views": "rlkit.patches.offload_views",
-    "no_shard": "rlkit.patches.no_shard",
-    "skip_old_logprob": "rlkit.patches.skip_old_logprob",
-    "master_on_host": "rlkit.patches.master_on_host",
-    "cast_once": "rlkit.patches.cast_once",
-    "metric_entropy": "rlkit.patches.metric_entropy",
-    "chunked_logprobs": "rlkit.patches.chunked_logprobs",
-    "varlen_attention": "rlkit.patches.varlen_attention",
-    "replay_poll": "rlkit.patches.replay_poll",
-    "compiled_rmsnorm": "rlkit.patches.compiled_rmsnorm",
-    "compiled_pointwise": "rlkit.patches.compiled_pointwise",
-    "selective_checkpoint": "rlkit.patches.selective_checkpoint",
+    "offload_views": "rlkit.patches.fsdp.offload_views",
+    "no_shard": "rlkit.patches.fsdp.no_shard",
+    "skip_old_logprob": "rlkit.patches.verl.skip_old_logprob",
+    "master_on_host": "rlkit.patches.fsdp.master_on_host",
+    "cast_once": "rlkit.patches.fsdp.cast_once",
+    "metric_entropy": "rlkit.patches.verl.metric_entropy",
+    "chunked_logprobs": "rlkit.patches.kernels.chunked_logprobs",
+    "varlen_attention": "rlkit.patches.kernels.varlen_attention",
+    "replay_poll": "rlkit.patches.verl.replay_poll",
+    "compiled_rmsnorm": "rlkit.patches.kernels.compiled_rmsnorm",
+    "compiled_pointwise": "rlkit.patches.kernels.compiled_pointwise",
+    "selective_checkpoint": "rlkit.patches.verl.selective_checkpoint",
 }
 
 
 # The plugin's other patches, never named in RLKIT_PATCHES: the checkpoint guard (every selection), master_on_host's
 # verl wiring (with master_on_host) and the rank-identity instrument (RLKIT_CHECK_RANK_IDENTITY).
 PLUGIN_PATCHES: dict[str, str] = {
-    "checkpoint_fingerprint": "rlkit.patches.checkpoint_fingerprint",
-    "master_on_host_verl": "rlkit.patches.master_on_host_verl",
-    "rank_identity": "rlkit.patches.rank_identity",
+    "checkpoint_fingerprint": "rlkit.patches.guards.checkpoint_fingerprint",
+    "master_on_host_verl": "rlkit.patches.verl.master_on_host_verl",
+    "rank_identity": "rlkit.patches.instruments.rank_identity",
 }
 
 

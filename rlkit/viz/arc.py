@@ -1,5 +1,5 @@
 """Notebook 05's opening figures: the seed's arc at the seed's workload, one bar per committed run of the arc's commit
-(:func:`rlkit.report_arc.arc_runs`), so that an arm run in two leases shows its spread as two bars side by side.
+(:func:`rlkit.report.arc.arc_runs`), so that an arm run in two leases shows its spread as two bars side by side.
 
 * :func:`phase_figure`: seconds per verl phase, stacked, means over steps 2.. (``other`` is the step's untimed rest);
 * :func:`memory_figure`: the actor's allocated peak beside the planner's actor peak for the run's exact overrides.
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.colours import phase_colour
+from rlkit.core.colours import phase_colour
 
 PHASES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights")
 
 
 def _label(name: str, metrics: dict[str, Any]) -> str:
-    from rlkit.grpo import outcome
-    from rlkit.report_arc import split_name
+    from rlkit.experiments.grpo_runs import outcome
+    from rlkit.report.arc import split_name
 
     arm, variant = split_name(name)
     lease = name.split(".", 1)[1] if "." in name else ""
@@ -44,10 +44,10 @@ def phase_figure(runs: dict[str, dict[str, Any]]):
 
 def memory_figure(runs: dict[str, dict[str, Any]]):
     """The actor's allocated peak (verl's actor/perf/max_memory_allocated_gb) beside the planner's actor peak for
-    the run's exact overrides (rlkit.grpo.planner_check), per run."""
+    the run's exact overrides (rlkit.experiments.estimates.planner_check), per run."""
     import plotly.graph_objects as go
 
-    from rlkit.grpo import planner_check
+    from rlkit.experiments.estimates import planner_check
 
     labels = [_label(n, m) for n, m in runs.items()]
     checks = [planner_check(m) or {} for m in runs.values()]

@@ -3,12 +3,12 @@
 Plain functions first:
 
 * :func:`arm_data` reads what the explorer needs from one arm's ``metrics.json`` once (phase seconds per step,
-  the planner for its exact overrides via :func:`rlkit.grpo.planner_for_run`, the measured peaks, the outcome);
+  the planner for its exact overrides via :func:`rlkit.experiments.estimates.planner_for_run`, the measured peaks, the outcome);
 * :func:`draw` turns a state (the arms picked, which steps, which memory) into a View: figure ``timeline``
   (stacked seconds per phase for each arm and step), figure ``limits`` (per arm, steps 2..: each phase as measured
-  beside the time it would take at its limit, :func:`rlkit.grpo.phase_limits`), figure ``memory`` (the planner's
+  beside the time it would take at its limit, :func:`rlkit.experiments.estimates.phase_limits`), figure ``memory`` (the planner's
   GiB per phase beside the measured peak, per arm) and text ``table`` (planner vs measured, per arm:
-  :func:`rlkit.grpo.planner_check`).
+  :func:`rlkit.experiments.estimates.planner_check`).
 
 :func:`arms_explorer` puts them under ipywidgets (:class:`rlkit.viz.explorer.Explorer`).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rlkit.colours import phase_colour
+from rlkit.core.colours import phase_colour
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
 STEP_CHOICES = {"all": "all steps", "steady": "steps 2.. (step 1 carries start-up)"}
@@ -27,17 +27,18 @@ PLANNER_ACTOR_PHASES = ("log_prob", "update_fwd_bwd", "optimizer_step")
 def arm_data(name: str, metrics: dict[str, Any], gpu: str | None = None) -> dict[str, Any]:
     """What the explorer draws of one arm, read once from its ``metrics.json`` content; ``gpu``: the GPU it ran on
     (its ``env.json``), which the phases' limits need."""
-    from rlkit import budget, grpo
+    from rlkit.experiments import estimates, grpo_runs
+    from rlkit.planning import budget
 
     summary = metrics.get("summary") or {}
-    planned = grpo.planner_for_run(metrics) if metrics.get("recipe") and metrics.get("overrides") else None
-    check = grpo.planner_check(metrics, planned) if planned else None
+    planned = estimates.planner_for_run(metrics) if metrics.get("recipe") and metrics.get("overrides") else None
+    check = estimates.planner_check(metrics, planned) if planned else None
     data: dict[str, Any] = {
-        "name": name, "outcome": grpo.outcome(metrics), "phase_rows": grpo.phase_table(metrics.get("steps", [])),
+        "name": name, "outcome": grpo_runs.outcome(metrics), "phase_rows": grpo_runs.phase_table(metrics.get("steps", [])),
         "measured_actor_peak_gib": summary.get("actor_max_allocated_gib"),
         "measured_device_peak_gib": max(summary["gpu_peak_used_gib"]) if summary.get("gpu_peak_used_gib") else None,
         "check": check, "card_gib": None, "planner_actor_gib": {}, "planner_device_gib": {},
-        "limits": (grpo.phase_limits(metrics, gpu).get("phases") or {}) if gpu else {},
+        "limits": (estimates.phase_limits(metrics, gpu).get("phases") or {}) if gpu else {},
     }
     if planned:
         card, _, plan = planned
@@ -49,8 +50,8 @@ def arm_data(name: str, metrics: dict[str, Any], gpu: str | None = None) -> dict
 
 
 def default_arms(names: list[str]) -> tuple[str, ...]:
-    """The seed's arms (rlkit.recipe.ARMS) that are present, else every name."""
-    from rlkit.recipe import ARMS
+    """The seed's arms (rlkit.recipes.grpo.ARMS) that are present, else every name."""
+    from rlkit.recipes.grpo import ARMS
 
     canonical = tuple(n for n in names if n in ARMS)
     return canonical or tuple(names)
@@ -60,7 +61,7 @@ def timeline_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...], st
     """Stacked seconds per verl phase, one bar per (arm, step)."""
     import plotly.graph_objects as go
 
-    from rlkit.verl_logs import PHASES
+    from rlkit.verl.logs import PHASES
 
     rows = [(arm, r) for arm in picked for r in data[arm]["phase_rows"] if steps == "all" or r["step"] >= 2]
     if not rows:
@@ -112,7 +113,7 @@ def limits_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...]):
                     marker={"color": phase_colour(label), "pattern": {"shape": hatch}},
                     hovertemplate=f"{phase}: %{{y:.2f}} s (%{{customdata}})<extra>%{{x}}</extra>")
     fig.update_layout(barmode="stack", height=460, yaxis_title="seconds per step (steps 2..; step 1 if alone)", legend_title="phase",
-                      title="each phase against its limit (rlkit.roofline)<br><sup>hatched: no limit known, drawn as "
+                      title="each phase against its limit (rlkit.planning.roofline)<br><sup>hatched: no limit known, drawn as "
                             "measured</sup>")
     return fig
 
@@ -144,7 +145,7 @@ def memory_figure(data: dict[str, dict[str, Any]], picked: tuple[str, ...], memo
 
 
 def table_rows(data: dict[str, dict[str, Any]], picked: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Planner vs measured per arm (``rlkit.grpo.planner_check``), with the run's outcome."""
+    """Planner vs measured per arm (``rlkit.experiments.estimates.planner_check``), with the run's outcome."""
     rows = []
     for a in picked:
         c = data[a]["check"] or {}
@@ -175,17 +176,17 @@ def draw(state: dict[str, Any], data: dict[str, dict[str, Any]]) -> View:
 
 
 def load(results_dir: str | None = None, metrics: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Arm data: every arm under ``results_dir`` (``rlkit.grpo.read_arms``), else the one run ``metrics``."""
-    from rlkit import grpo
-    from rlkit.env import gpu_name, read_saved
-    from rlkit.recipe import arm_name
+    """Arm data: every arm under ``results_dir`` (``rlkit.experiments.grpo_runs.read_arms``), else the one run ``metrics``."""
+    from rlkit.core.env import gpu_name, read_saved
+    from rlkit.experiments import grpo_runs
+    from rlkit.recipes.grpo import arm_name
 
     if not results_dir:  # this kernel's run: a launched one recorded its GPU with its limits
         name = arm_name(metrics["recipe"])
         return {name: arm_data(name, metrics, (metrics.get("limits") or {}).get("gpu"))}
-    folders = grpo.arm_folders(results_dir)
+    folders = grpo_runs.arm_folders(results_dir)
     return {name: arm_data(name, m, gpu_name(read_saved(folders[name])))
-            for name, m in grpo.read_arms(results_dir).items()}
+            for name, m in grpo_runs.read_arms(results_dir).items()}
 
 
 def arms_explorer(results_dir: str | None = None, metrics: dict[str, Any] | None = None) -> Explorer:

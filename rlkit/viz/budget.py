@@ -2,10 +2,10 @@
 
 State -> everything drawn, as plain functions (no widgets):
 
-* :func:`spec_from_state`: the planner's :class:`rlkit.budget.PlanSpec` for the chosen settings;
-* :func:`recipe_from_state`: the same settings as a :class:`rlkit.recipe.GRPORecipe` (what ``rlkit grpo``
+* :func:`spec_from_state`: the planner's :class:`rlkit.planning.budget.PlanSpec` for the chosen settings;
+* :func:`recipe_from_state`: the same settings as a :class:`rlkit.recipes.grpo.GRPORecipe` (what ``rlkit grpo``
   launches), :func:`overrides_for_state` its verl overrides and :func:`preflight_for_state` rlkit's pre-flight
-  findings on them (:func:`rlkit.preflight.check_overrides`);
+  findings on them (:func:`rlkit.planning.preflight.check_overrides`);
 * :func:`export_lines` / :func:`export_command`: the settings as ``rlkit grpo render -p key=value`` input;
 * :func:`draw`: the View (per-phase stacked bars and the KV pool's concurrency, the verdict, the KV text, the
   pre-flight findings, the export).
@@ -31,10 +31,10 @@ import functools
 from dataclasses import fields, replace
 from typing import Any
 
-from rlkit import budget
-from rlkit.colours import component_colour
-from rlkit.params import ParamError
-from rlkit.recipe import FUSED_KERNEL_OVERRIDES
+from rlkit.core.colours import component_colour
+from rlkit.core.params import ParamError
+from rlkit.planning import budget, verdict
+from rlkit.recipes.overrides import FUSED_KERNEL_OVERRIDES
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
 # planner fields the controls set (the rest of the PlanSpec comes from the notebook's parameters)
@@ -48,7 +48,7 @@ LOGITS_RECIPE = {"chunked_logprobs": ("chunked", []), "verl_fused": ("full", lis
 
 def state_from_spec(spec: budget.PlanSpec) -> dict[str, Any]:
     """The explorer's state for a planner spec (its settings and its rlkit options)."""
-    from rlkit.model_shape import preset_name
+    from rlkit.models.shape import preset_name
 
     state = {k: getattr(spec, k) for k in SETTINGS}
     state["model"] = preset_name(spec.model) or spec.model
@@ -71,7 +71,7 @@ def spec_from_state(state: dict[str, Any], base: budget.PlanSpec | None = None) 
 
 
 def recipe_values(state: dict[str, Any], base: budget.PlanSpec | None = None) -> dict[str, Any]:
-    """The :class:`rlkit.recipe.GRPORecipe` fields that carry ``state`` (see the module docstring)."""
+    """The :class:`rlkit.recipes.grpo.GRPORecipe` fields that carry ``state`` (see the module docstring)."""
     base = base or budget.PlanSpec()
     patches = []
     if state.get("offload_views"):
@@ -109,9 +109,9 @@ def recipe_values(state: dict[str, Any], base: budget.PlanSpec | None = None) ->
 
 def recipe_from_state(state: dict[str, Any], base: budget.PlanSpec | None = None):
     """``state`` as a GRPORecipe (the h200 profile's other fields); raises ParamError when the recipe refuses it."""
-    from rlkit import params as P
-    from rlkit.recipe import NOTEBOOK, GRPORecipe
-    from rlkit.results import load_profile
+    from rlkit.core import params as P
+    from rlkit.core.results import load_profile
+    from rlkit.recipes.grpo import NOTEBOOK, GRPORecipe
 
     values = load_profile(NOTEBOOK, GRPO_PROFILE)
     values.pop("results_dir", None)
@@ -121,7 +121,7 @@ def recipe_from_state(state: dict[str, Any], base: budget.PlanSpec | None = None
 
 @functools.lru_cache(maxsize=64)
 def _rendered(recipe) -> tuple[str, ...]:
-    from rlkit.recipe import render_overrides
+    from rlkit.recipes.overrides import render_overrides
 
     return tuple(render_overrides(recipe))  # the skip's on-policy overrides compose verl's config: seconds
 
@@ -136,7 +136,7 @@ def overrides_for_state(state: dict[str, Any], base: budget.PlanSpec | None = No
 
 def preflight_for_state(state: dict[str, Any], base: budget.PlanSpec | None = None) -> list[dict[str, Any]]:
     """rlkit's pre-flight findings on ``state``'s verl overrides (errors first), as dicts."""
-    from rlkit import preflight
+    from rlkit.planning import preflight
 
     recipe = recipe_from_state(state, base)
     found = preflight.check_overrides(overrides_for_state(state, base), list(recipe.active_patches),
@@ -163,7 +163,7 @@ def export_command(state: dict[str, Any], base: budget.PlanSpec | None = None, a
     return " \\\n".join(lines)
 
 
-def bars_figure(p: budget.Plan, spec: budget.PlanSpec):
+def bars_figure(p: verdict.Plan, spec: budget.PlanSpec):
     """Per-phase stacked device GiB per component (the card as a line) and the KV pool's concurrency."""
     from plotly.subplots import make_subplots
 
@@ -186,7 +186,7 @@ def bars_figure(p: budget.Plan, spec: budget.PlanSpec):
     return fig
 
 
-def verdict_html(p: budget.Plan, spec: budget.PlanSpec) -> str:
+def verdict_html(p: verdict.Plan, spec: budget.PlanSpec) -> str:
     colour = "#1a7f37" if p.fits else "#cf222e"
     opts = ", ".join(spec.options) or "none"
     return (f"<div class='verdict'><span style='color:{colour};font-weight:bold'>{esc(p.verdict)}</span>: "
@@ -196,20 +196,20 @@ def verdict_html(p: budget.Plan, spec: budget.PlanSpec) -> str:
             f"({p.micro_batches_per_step} micro-batches)</small></div>")
 
 
-def kv_html(p: budget.Plan) -> str:
+def kv_html(p: verdict.Plan) -> str:
     waves = (f"rollout runs in {p.rollout_waves} waves" if p.rollout_waves > 1 else
              "one wave" if p.rollout_waves == 1 else "no sequence fits")
     return (f"<div class='kv'>KV pool {p.kv_pool_gib:.2f} GiB, {p.kv_gib_per_seq * 1024:.1f} MiB per sequence "
             f"&rarr; <b>{p.max_concurrent_seqs}</b> concurrent sequences; {p.seqs_per_gpu} needed per GPU: {waves}</div>")
 
 
-def logits_note(p: budget.Plan, spec: budget.PlanSpec) -> str:
+def logits_note(p: verdict.Plan, spec: budget.PlanSpec) -> str:
     """For a logits path no override chooses (:data:`LOGITS_RECIPE`): the pre-flight reads the overrides, so its
     planner plans verl's unfused path as installed without flash-attn (``torch_rowwise``), not the bars' path. Both
     plans' peaks, where the pre-flight's numbers are read ("" for a path the recipe carries)."""
     if spec.logits_path in LOGITS_RECIPE:
         return ""
-    read = budget.plan(replace(spec, logits_path="torch_rowwise"))
+    read = verdict.plan(replace(spec, logits_path="torch_rowwise"))
     return (f"<p class='logits-note'><b>Two logits paths:</b> the bars and the verdict plan logits path "
             f"{esc(spec.logits_path)} (peak {esc(p.peak_phase)} {p.peak_gib:.2f} GiB), which no override chooses. The "
             f"pre-flight reads the overrides, so its planner plans verl's unfused path as installed without flash-attn "
@@ -225,7 +225,7 @@ def preflight_html(findings: list[dict[str, Any]], note: str = "") -> str:
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     errors = "".join(f"<li><b>{esc(f.get('check'))}</b>: {esc(f['message'])}</li>" for f in findings
                      if f["severity"] == "error")
-    return (f"<div class='preflight'><b>Pre-flight</b> of the verl overrides these settings become (rlkit.preflight): "
+    return (f"<div class='preflight'><b>Pre-flight</b> of the verl overrides these settings become (rlkit.planning.preflight): "
             f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info.{note}"
             f"{f'<ul>{errors}</ul>' if errors else ''}"
             f"<details><summary>every finding, with its fix</summary>{html_table(rows)}</details></div>")
@@ -233,7 +233,7 @@ def preflight_html(findings: list[dict[str, Any]], note: str = "") -> str:
 
 def export_html(state: dict[str, Any], base: budget.PlanSpec) -> str:
     return (f"<details class='export'><summary><b>These settings as a recipe</b>: <code>rlkit grpo render</code> "
-            f"input</summary><p><code>rlkit.recipe.GRPORecipe</code> fields over the {GRPO_PROFILE} profile; swap "
+            f"input</summary><p><code>rlkit.recipes.grpo.GRPORecipe</code> fields over the {GRPO_PROFILE} profile; swap "
             f"<code>render</code> for <code>launch</code> to run it.</p><pre>{esc(export_command(state, base))}</pre></details>")
 
 
@@ -243,7 +243,7 @@ def draw(state: dict[str, Any], base: budget.PlanSpec | None = None) -> View:
     base = base or budget.PlanSpec()
     try:
         spec = spec_from_state(state, base)
-        p = budget.plan(spec)
+        p = verdict.plan(spec)
     except ParamError as err:
         text = f"<div class='verdict'><b style='color:#cf222e'>not a valid setting</b>: {esc(err)}</div>"
         return View(figures={"bars": message_figure(f"no plan: {err}"[:200], height=480)},
@@ -262,7 +262,7 @@ def controls(state: dict[str, Any]):
     """One ipywidgets control per state key, starting at ``state``."""
     import ipywidgets as W
 
-    from rlkit.model_shape import presets
+    from rlkit.models.shape import presets
 
     wide = {"description_width": "150px"}
     lay = W.Layout(width="360px")

@@ -1,7 +1,7 @@
 """Notebook 07's figures and explorer: the runs' curves, and the analysis re-run with the criteria a reader picks.
 
 The verdict of :mod:`rlkit.experiments.learning` rests on choices (the window, the noise factor and floor, the
-steps it reads). :func:`reanalyze` runs the same :func:`~rlkit.learning_curves.analyze` on the saved step
+steps it reads). :func:`reanalyze` runs the same :func:`~rlkit.analysis.learning_curves.analyze` on the saved step
 records with other choices, for example only the steps before the entropy collapsed, and :func:`draw` shows the
 picked curve, the band the compared arm is held to, and what the analysis then says. Nothing is measured again.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlkit import learning_curves as LC
-from rlkit.results import fmt
+from rlkit.analysis import learning_curves as LC
+from rlkit.core.results import fmt
 from rlkit.viz.explorer import Explorer, View, esc, html_table, message_figure
 
 
@@ -49,7 +49,7 @@ def _add_curves(fig, metrics, curve, row=None, col=None, legend=True) -> None:
 
 def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, noise_floor: float,
               last_step: int) -> dict[str, Any]:
-    """:func:`~rlkit.learning_curves.analyze` over each run's steps up to ``last_step``, with these criteria
+    """:func:`~rlkit.analysis.learning_curves.analyze` over each run's steps up to ``last_step``, with these criteria
     (the arms and ``min_gain`` as the experiment had them)."""
     criteria = metrics["analysis"]["criteria"]
     runs = LC.up_to({name: {"arm": metrics["runs"][name]["arm"], "steps": steps}
@@ -59,7 +59,7 @@ def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, nois
 
 
 def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float, last_step: int) -> None:
-    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.learning_curves.baseline_band`),
+    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.analysis.learning_curves.baseline_band`),
     shaded (translucent, over the runs' lines)."""
     base_arm = metrics["analysis"]["criteria"]["baseline_arm"]
     base = [c["reward"] for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]

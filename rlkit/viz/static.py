@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rlkit.results import PLOTLY_MIME, missing_images
+from rlkit.core.results import PLOTLY_MIME, missing_images
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 1000, 500
@@ -199,7 +199,7 @@ def add_images(path: str | os.PathLike) -> int:
 
 def committed_executed_notebooks(root: str | os.PathLike | None = None) -> list[Path]:
     """Every ``outputs/**/executed.ipynb`` tracked by git (the results that are committed)."""
-    from rlkit.env import REPO_ROOT
+    from rlkit.core.env import REPO_ROOT
 
     root = Path(root) if root else REPO_ROOT
     listed = subprocess.run(["git", "ls-files", "-z", "--", "outputs"], cwd=root, capture_output=True,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit import budget
 from rlkit.experiments.util_sweep.config import Case
+from rlkit.planning import budget
+from rlkit.planning.cost import cost_per_million_samples
 
 # verl phase (sampled) -> planner phases it covers.
 PHASE_MAP = {"gen": ("rollout",), "old_log_prob": ("log_prob",), "update_actor": ("update_fwd_bwd", "optimizer_step"),
@@ -131,8 +132,8 @@ def cost_summary(measured: dict[str, Any] | None, case: Case, price_per_gpu_hour
     if not measured or not measured.get("step_s"):
         return None
     samples = case.samples_per_step
-    steady = budget.cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["step_s"] / 3600, samples)
-    whole = budget.cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["wall_s"] / 3600,
+    steady = cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["step_s"] / 3600, samples)
+    whole = cost_per_million_samples(n_gpus, price_per_gpu_hour, measured["wall_s"] / 3600,
                                             samples * measured["steps_logged"])
     return {"price_per_gpu_hour": price_per_gpu_hour, "n_gpus": n_gpus, "samples_per_step": samples,
             "steady_state_usd_per_million_samples": steady, "whole_job_usd_per_million_samples": whole,

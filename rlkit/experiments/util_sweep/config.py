@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from rlkit import budget
-from rlkit import params as P
-from rlkit.recipe import GRPORecipe
-from rlkit.vllm_terms import cuda_graphs_term
+from rlkit.core import params as P
+from rlkit.planning import budget, verdict
+from rlkit.planning.vllm_terms import cuda_graphs_term
+from rlkit.recipes.grpo import GRPORecipe
 
 NOTEBOOK = "06_util_sweep"
 
@@ -23,7 +23,7 @@ class Case:
     """What a case holds fixed across the sweep (every field also goes into metrics.json)."""
 
     description: str
-    model: str  # rlkit.models preset, launched as a random-init checkpoint (no downloads)
+    model: str  # rlkit.models.qwen preset, launched as a random-init checkpoint (no downloads)
     emulated_total_gib: float  # the card vLLM's gpu_memory_utilization refers to (CUDA's total)
     max_prompt_length: int
     max_response_length: int
@@ -142,7 +142,7 @@ def emulation_info(cfg: Config) -> dict[str, Any]:
         "emulated_total_gib": case.emulated_total_gib,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "vllm_requested_gib": cfg.gpu_memory_utilization * case.emulated_total_gib,
-        "rule": "rlkit.emulate_card: every verl / vLLM process sees and is capped at the emulated card; "
+        "rule": "rlkit.patches.instruments.emulate_card: every verl / vLLM process sees and is capped at the emulated card; "
                 "vLLM reserves ceil(emulated_total x util)",
     }
 
@@ -180,7 +180,7 @@ def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
     Micro-batch tokens: the dynamic-bsz token budget, or sequences per micro-batch x padded length (the
     node runs without remove-padding). Logits: the pure-torch path (no flash-attn on the node). CUDA
     graphs: none with enforce_eager, else what vLLM took for the model in the committed runs
-    (:func:`rlkit.vllm_terms.cuda_graphs_term`), the planner's default where no run measured it.
+    (:func:`rlkit.planning.vllm_terms.cuda_graphs_term`), the planner's default where no run measured it.
     """
     case = cfg.case_spec
     micro = case.ppo_max_token_len_per_gpu if case.use_dynamic_bsz else case.micro_batch_size_per_gpu * case.seq_len
@@ -207,7 +207,7 @@ def planner_sweep(cfg: Config) -> list[dict[str, Any]]:
     """The planner at every value of ``sweep_utils``: KV pool, concurrency, GiB per phase, verdict."""
     rows = []
     for u in cfg.sweep_utils:
-        p = budget.plan(planner_spec(cfg, u))
+        p = verdict.plan(planner_spec(cfg, u))
         rows.append({"gpu_memory_utilization": u, "kv_pool_gib": p.kv_pool_gib,
                      "max_concurrent_seqs": p.max_concurrent_seqs, "rollout_waves": p.rollout_waves,
                      **{f"{ph}_gib": v for ph, v in p.device_total_gib.items()},

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.colours import phase_colour
+from rlkit.core.colours import phase_colour
 from rlkit.experiments.util_sweep.config import VERL_ROLLOUT_POLL_S
 from rlkit.experiments.util_sweep.tables import sweep_rows
 

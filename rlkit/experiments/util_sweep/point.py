@@ -10,9 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlkit import budget, verl_job, verl_logs
-from rlkit import env as env_mod
-from rlkit import params as P
+from rlkit.core import env as env_mod
+from rlkit.core import params as P
 from rlkit.experiments.util_sweep.comparison import comparison_rows, cost_summary, emulated_verdict
 from rlkit.experiments.util_sweep.config import (
     NOTEBOOK,
@@ -24,6 +23,10 @@ from rlkit.experiments.util_sweep.config import (
     planner_sweep,
 )
 from rlkit.experiments.util_sweep.timeline import label_samples, phase_intervals, phase_peaks, process_peaks
+from rlkit.planning import verdict
+from rlkit.recipes import check
+from rlkit.recipes import job as verl_job
+from rlkit.verl import logs as verl_logs
 
 VLLM_STATS_INTERVAL_S = 2.0  # VLLM_LOG_STATS_INTERVAL for the launch (vLLM's default is 10 s)
 RELEASE_WAIT_S = 90.0  # after verl exits, wait this long at most for the device to return to idle
@@ -34,7 +37,7 @@ HOW_TO_RUN = ("run `python -m rlkit.experiments.util_sweep --profile h200` on a 
 def measure_from_logs(steps: list[dict[str, Any]], log_text: str, samples: list[tuple[float, list[float]]],
                       marks: list[tuple[float, str]], case: Case, wall_s: float, returncode: Any,
                       process_samples: list[tuple[float, list[list]]] | None = None) -> dict[str, Any]:
-    """Everything measured about one verl job, from its per-step metrics (:func:`rlkit.verl_logs.read_steps`), its
+    """Everything measured about one verl job, from its per-step metrics (:func:`rlkit.verl.logs.read_steps`), its
     console log (vLLM's lines, failures) and the sampler's samples and marks.
 
     ``marks``: ``(t, "launch")`` when verl started and ``(t, "logged:step<N>")`` when step N's metrics line
@@ -81,10 +84,10 @@ def measure_from_logs(steps: list[dict[str, Any]], log_text: str, samples: list[
 
 
 def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) -> dict[str, Any]:
-    """:func:`rlkit.verl_job.launch_job` with the device sampler (and the per-process one, where it can read) beside
+    """:func:`rlkit.recipes.job.launch_job` with the device sampler (and the per-process one, where it can read) beside
     it, each trained step's console line marked on the sampler's clock; returns :func:`measure_from_logs` plus the
     launch facts. A memory failure (OOM, vLLM refusing to start) is a result; any other failure raises."""
-    from rlkit.measure import MemorySampler
+    from rlkit.measure.samplers import MemorySampler
 
     sampler = MemorySampler(interval_s=cfg.sample_interval_s).start()
     processes, process_source = _process_sampler(cfg.sample_interval_s, sampler.origin)
@@ -118,7 +121,7 @@ def launch_measured(recipe, overrides: list[str], out_dir: Path, cfg: Config) ->
 
 def _process_sampler(interval_s: float, origin: float):
     """A started per-process sampler on the device sampler's clock and its source, or ``(None, why not)``."""
-    from rlkit.measure import MemorySampler, SamplerUnavailable, gpu_process_memory_reader
+    from rlkit.measure.samplers import MemorySampler, SamplerUnavailable, gpu_process_memory_reader
 
     try:
         reader = gpu_process_memory_reader()
@@ -147,9 +150,9 @@ def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, An
                   launch_reason: str, gpu_name: str | None = None) -> dict[str, Any]:
     """The planner and measured side of one point: planner at this and every sweep value, the measurement
     (None without a GPU), planner-vs-measured rows, the emulated-card verdict, the cost metric, and each phase
-    against its limit on the GPU ``gpu_name`` it ran on (:func:`rlkit.roofline.grpo_step_limits`)."""
+    against its limit on the GPU ``gpu_name`` it ran on (:func:`rlkit.planning.roofline.grpo_step_limits`)."""
     case = cfg.case_spec
-    plan = budget.plan(planner_spec(cfg)).as_dict()
+    plan = verdict.plan(planner_spec(cfg)).as_dict()
     return {
         "units": "GiB",
         "config": P.as_dict(cfg),
@@ -169,7 +172,8 @@ def point_metrics(cfg: Config, emulation: dict[str, Any], measured: dict[str, An
 
 def point_limits(cfg: Config, measured: dict[str, Any] | None, gpu_name: str | None) -> dict[str, Any]:
     """The measured steps 2.. of a point against their limits (empty without a measurement or a GPU name)."""
-    from rlkit import model_shape, roofline
+    from rlkit.models import shape as model_shape
+    from rlkit.planning import roofline
 
     window = verl_logs.averaged_steps((measured or {}).get("steps", []))
     if not window or not gpu_name:
@@ -180,18 +184,19 @@ def point_limits(cfg: Config, measured: dict[str, Any] | None, gpu_name: str | N
 
 def run(cfg: Config, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """One point of the sweep; returns ``metrics.json`` content (keys: :data:`METRICS_KEYS`)."""
-    from rlkit import recipe as R
-    from rlkit.env import gpus
-    from rlkit.results import notebook_out_dir
+    from rlkit.core.results import notebook_out_dir
+    from rlkit.measure.environment import gpus
+    from rlkit.recipes import grpo as R
+    from rlkit.recipes.overrides import render_overrides
 
     out = Path(out_dir) if out_dir else notebook_out_dir(NOTEBOOK)
     out.mkdir(parents=True, exist_ok=True)
     emulation = emulation_info(cfg)
     recipe = build_recipe(cfg)
     paths, data_info, model_info = R.prepare_inputs_isolated(recipe) if verl_job.gpu_count() else R.prepare_inputs(recipe)
-    overrides = R.render_overrides(recipe, paths, out)
+    overrides = render_overrides(recipe, paths, out)
     preflight = verl_job.preflight_findings(recipe, overrides)
-    verify = verl_job.verify_subprocess(recipe, overrides, out)
+    verify = check.verify_subprocess(recipe, overrides, out)
     launched, reason = verl_job.launch_decision(cfg.launch, recipe.n_gpus, HOW_TO_RUN)
     print(reason)
     measured = launch_measured(recipe, overrides, out, cfg) if launched else None
@@ -231,9 +236,9 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
     return code, plugin records) is kept; what is derived from it (phase placement, peaks, planner, the
     comparison, verdict, cost) is recomputed, and ``analysis`` records the commit that did it.
     """
-    from rlkit.env import git_sha
-    from rlkit.jsonio import write_json_atomic
-    from rlkit.results import read_metrics
+    from rlkit.core.env import git_sha
+    from rlkit.core.jsonio import write_json_atomic
+    from rlkit.core.results import read_metrics
 
     path = Path(folder)
     metrics = read_metrics(path)

@@ -6,19 +6,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlkit.core.results import fmt
 from rlkit.experiments.util_sweep.comparison import PHASE_MAP, _first, gap_rows, vllm_outside_pool_by_step
 from rlkit.experiments.util_sweep.config import CASES, VERL_ROLLOUT_POLL_S
-from rlkit.results import fmt
-
 
 SWEEP_POINT = re.compile(r"[a-z0-9_]+-u[0-9.]+")  # a point's run folder: <case>-u<util>
 
 
 def point_folders(folder: str | os.PathLike) -> list[Path]:
-    """The sweep's points under ``folder``: its completed runs (:func:`rlkit.results.run_folders`) named
+    """The sweep's points under ``folder``: its completed runs (:func:`rlkit.core.results.run_folders`) named
     ``<case>-u<util>``. Another run of a point under another name (``h200-papermill-doc_small-u0.5``, a CPU
     ``tiny`` run) is not another point; the report reads the same folders."""
-    from rlkit.results import run_folders
+    from rlkit.core.results import run_folders
 
     return [p for p in run_folders(folder) if SWEEP_POINT.fullmatch(p.name)]
 
@@ -30,8 +29,8 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
     Returns ``{"units", "runs": [metrics, ...]}`` sorted by case then utilization; a run folder gets its
     folder name as ``tag``.
     """
-    from rlkit.env import REPO_ROOT
-    from rlkit.results import read_metrics
+    from rlkit.core.env import REPO_ROOT
+    from rlkit.core.results import read_metrics
 
     path = Path(results_dir)
     path = path if path.is_absolute() else REPO_ROOT / path

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlkit.verl_logs import PHASES
+from rlkit.verl.logs import PHASES
 
 
 def phase_intervals(steps: list[dict[str, Any]], logged_at: dict[int, float]) -> list[dict[str, Any]]:
@@ -96,7 +96,7 @@ def phase_peaks(timeline: list[dict[str, Any]], baseline_gib: float) -> dict[str
 def process_peaks(process_samples: list[tuple[float, list[list]]], intervals: list[dict[str, Any]],
                   launch_t: float) -> dict[str, dict[str, float]]:
     """Per phase, the peak GiB each process held (``"<title> [pid]"``), from per-process samples
-    (:func:`rlkit.measure.gpu_process_memory_reader`) on the device sampler's clock."""
+    (:func:`rlkit.measure.samplers.gpu_process_memory_reader`) on the device sampler's clock."""
     rows = label_samples([(t, [0.0]) for t, _ in process_samples], intervals, launch_t)
     out: dict[str, dict[str, float]] = {}
     for row, (_, held) in zip(rows, process_samples):

@@ -1,0 +1,1 @@
+"""The workload a run trains: random-init Qwen models (qwen), their shapes (shape), an offline checkpoint (offline), the response-length model (lengths), the prompts (data) and the reward (reward)."""

@@ -1,0 +1,1 @@
+"""What rlkit reads from verl: its configuration (config) and its console text (logs). Only the patches import verl itself."""
