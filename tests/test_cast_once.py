@@ -203,6 +203,29 @@ def test_apply_and_revert_restore_fsdp():
     assert patches.active() == []
 
 
+def _forward_that_fails_midway(model):
+    """A forward that raises inside the first decoder layer's FSDP unit, as an OOM there does: its bf16 copy is in use."""
+    layer = next(m for m in model.modules() if type(m).__name__ == "Qwen3DecoderLayer")
+
+    def out_of_memory(*_):
+        raise torch.OutOfMemoryError("CUDA out of memory (raised by the test inside the layer)")
+
+    layer.mlp.register_forward_pre_hook(out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        U.run_fwd_bwd(model, batch(0, 2), 1, None)
+
+
+def test_revert_after_a_forward_failed_midway_still_restores_fsdp():
+    names = ("pre_unshard", "post_reshard")
+    originals = {n: FlatParamHandle.__dict__[n] for n in names}
+    patches.apply(["cast_once"])
+    _forward_that_fails_midway(tiny_fsdp())
+    with pytest.raises(RuntimeError, match="while forward/backward is using it"):
+        cast_once.PATCH.revert()  # the copy the failed forward holds is reported
+    assert {n: FlatParamHandle.__dict__[n] for n in names} == originals  # and FSDP is restored all the same
+    assert not cast_once.PATCH.active()
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_master_is_cast_from_the_host_and_arms_stay_bit_exact():
     # Parity across arms needs deterministic kernels; cuBLAS reads its setting when its handle is created. The

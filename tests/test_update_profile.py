@@ -217,3 +217,30 @@ def test_tiny_model_on_the_gpu(tmp_path):
     assert any(src["op"] != "(no operator)" for src in s["host_syncs"]["by_source"])
     check_flops(metrics, "tiny")
     assert metrics["timing"]["peak_allocated_gib"] > 0
+
+
+def test_a_failed_run_keeps_its_own_error_when_a_revert_fails_too():
+    """Session 23's OOM at 36 selective layers was recorded as cast_once's revert error; the run's own error wins."""
+    import torch
+    from conftest import gloo_world_of_one
+    from test_cast_once import _forward_that_fails_midway, tiny_fsdp
+
+    from rlkit import patches
+    from rlkit.patches.fsdp import cast_once
+
+    with gloo_world_of_one():
+        try:
+            patches.apply(["cast_once"])
+            with pytest.raises(torch.OutOfMemoryError, match="the run's own failure"):
+                try:
+                    _forward_that_fails_midway(tiny_fsdp())  # leaves a bf16 copy in use, as the OOM did
+                    raise torch.OutOfMemoryError("the run's own failure")
+                finally:
+                    U._revert([cast_once.PATCH])
+            assert not cast_once.PATCH.active()
+            patches.apply(["cast_once"])
+            _forward_that_fails_midway(tiny_fsdp())
+            with pytest.raises(RuntimeError, match="while forward/backward is using it"):
+                U._revert([cast_once.PATCH])  # with no error in flight, the revert's own error is raised
+        finally:
+            patches.revert_all()

@@ -239,8 +239,21 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
-        for patch in reversed(applied):
+        _revert(applied)
+
+
+def _revert(applied: list) -> None:
+    """Revert the patches this run applied. While the run's own error propagates (an OOM in a forward), a revert's
+    error is printed, not raised: it would replace the first cause in the run's FAILED.txt (session 23's OOM read as
+    cast_once's "cannot invalidate")."""
+    failing = sys.exc_info()[1] is not None
+    for patch in reversed(applied):
+        try:
             patch.revert()
+        except Exception as exc:
+            if not failing:
+                raise
+            print(f"[update_profile] after the failure, reverting {patch.name} also failed: {exc}", file=sys.stderr)
 
 
 def _patches_for(cfg: Config) -> list:

@@ -153,8 +153,10 @@ def _apply():
 
     def undo() -> None:
         hook.remove()
-        invalidate()
-        restore()
+        try:
+            invalidate()  # raises when a forward that failed midway (an OOM) still holds a copy
+        finally:
+            restore()  # FSDP is restored whatever the copies' state
 
     return undo
 
