@@ -224,6 +224,7 @@ def test_revert_after_a_forward_failed_midway_still_restores_fsdp():
         cast_once.PATCH.revert()  # the copy the failed forward holds is reported
     assert {n: FlatParamHandle.__dict__[n] for n in names} == originals  # and FSDP is restored all the same
     assert not cast_once.PATCH.active()
+    assert not cast_once._resident_handles  # nothing of the failed model is left for a later invalidate()
 
 
 @pytest.mark.gpu

@@ -15,13 +15,13 @@ import pytest
 from rlkit.core.env import REPO_ROOT
 from rlkit.core.results import pct
 from rlkit.models import shape as model_shape
-from rlkit.planning import preflight_memory
+from rlkit.planning import budget, preflight_memory
 from rlkit.report import limits as report_limits
 from rlkit.report import profile as report_profile
 from rlkit.report import seed_workload as report_seed
 
 from _claim_sources import (  # readers of the committed files; tests/ is on sys.path under pytest
-    ARM5, ARMS, C5, ENTROPY_BACKPROP, GENERATED, GPU5, GPU12, GQA12, LEVERS12, PADDED, PROFILES, RESUME9,
+    GIB, ARM5, ARMS, C5, ENTROPY_BACKPROP, GENERATED, GPU5, GPU12, GQA12, LEVERS12, PADDED, PROFILES, RESUME9,
     SESSION11_PROFILES,
     _arm, _bandwidth_words, _by_test, _compiled_profile, _copies, _dirty, _failed_runs_say, _fastest, _host_gap_range,
     _host_overlap_extra_gib, _idle_in_optimizer, _json, _kind_share, _learning, _learning_words, _limits, _log_passes,
@@ -122,9 +122,16 @@ CLAIMS = [
      _says("its GPU tests passed there", lambda: _compiled_profile("rmsnorm"))),
     ("docs/patches.md", "on the H200 in bf16 its first call's check and its GPU tests passed",
      _says("its first call's check and its GPU tests passed", lambda: _compiled_profile("pointwise"))),
-    ("docs/patches.md", "not measured on a GPU yet",
-     _says("not measured on a GPU yet",
-           lambda: _never_on_a_gpu("selective_layers", 0) and _never_on_a_gpu("activation_checkpointing", "full"))),
+    ("docs/results.md", "`h100-base` and `h100-sac18` ran one after the other in one lease on one H100 at one commit (session 23): "
+     "selective checkpointing of the first 18 of the 36 layers against no lever (36 ran out of the H100's memory)",
+     lambda: (f"(session {_session(f'{PROFILES}/h100-base')})", f"first {_profile('h100-sac18')['config']['selective_layers']} of",
+              f"the {model_shape.resolve_model('qwen3-4b').layers} layers", f"({_sac36_layers()} ran out")
+     if _same_commit("h100-base", "h100-sac18") and "H100" in _profile("h100-base")["device"] else False),
+    ("docs/patches.md", "profiled once on an H100, where it removed recompute but did not shorten the update",
+     _says("removed recompute but did not shorten the update", lambda: _sac_pair()["removed_recompute_not_wall"])),
+    ("docs/patches.md", "on an H100's 79.2 GiB, 36 layers ran out of memory and 18 were profiled",
+     lambda: (f"{_sac36_oom_capacity():.1f} GiB", f"{_sac36_layers()} layers ran",
+              f"{_profile('h100-sac18')['config']['selective_layers']} were profiled")),
     ("docs/patches.md", "(a GPU test, `tests/test_host_adamw.py`, passed on the H200 in device session 12",
      _says('passed on the H200 in device session 12', lambda: _log_passes(GPU12,
                          "tests/test_host_adamw.py::test_overlapped_copies_are_bit_identical_to_the_serial_step_on_the_gpu"))),
@@ -170,7 +177,7 @@ CLAIMS = [
     ("docs/patches.md", "one update profiled with all 36 layers selective",
      lambda: (f"all {model_shape.resolve_model('qwen3-4b').layers} layers",)),
     ("docs/patches.md", "Not checked yet: how the policy's dispatch mode combines with the compiled kernels",
-     _says("Not checked yet", lambda: _never_on_a_gpu("selective_layers", 0))),
+     _says("Not checked yet", lambda: not _sac_with_compiled_kernels())),
 
     # docs/reliability.md
     ("docs/reliability.md", "the padded seed arm planned 1.5% and ran out of the card at step 3",
@@ -448,6 +455,44 @@ LAB_NOTES = [
               "MiB", C5,
            _session_readme(11)),
 ]
+S23 = _session_readme(23)
+LAB_NOTES += [
+    _quote(L, "Selective checkpointing profiled on an H100 (session 23)", S23),
+    _quote(L, "old_log_prob's miss named on the CPU, no machine (session 22)", "outputs/06_util_sweep/COMMAND.txt"),
+    _quote(L, "No call of session 22 got a machine", "outputs/06_util_sweep/COMMAND.txt"),
+    _quote(L, "Session 23 began with 604 s of device time, too little for the bundle", S23),
+    (L, "In one lease on an NVIDIA H100 80GB HBM3 at 1a788a6",
+     lambda: (_profile("h100-sac18")["device"], _sac_pair()["commit"]) if _same_commit("h100-base", "h100-sac18") else False),
+    (L, "(selective checkpointing of the first 18 layers)",
+     lambda: (f"first {_profile('h100-sac18')['config']['selective_layers']} layers",)),
+    (L, "the recompute pass fell from 1731 to 1415 ms, its GEMMs from 618 to 309 ms",
+     lambda: (lambda p: (f"from {p['recompute'][0]:.0f} to {p['recompute'][1]:.0f} ms",
+                         f"from {p['recompute_gemm'][0]:.0f} to {p['recompute_gemm'][1]:.0f} ms"))(_sac_pair())),
+    (L, "entropy identical, the gradient norm within the run-to-run difference of two profiles without levers",
+     _says("within the run-to-run difference", lambda: _sac_pair()["grad_within_run_to_run"])),
+    (L, "The update did not get faster (10.93 s against 10.76 s, one timed update each)",
+     lambda: (f"({_wall('h100-sac18'):.2f} s against {_wall('h100-base'):.2f} s",)
+     if len(_profile("h100-sac18")["timing"]["timed"]) == 1 and _wall("h100-sac18") >= _wall("h100-base") else False),
+    (L, "the GPU's idle time rose from 1228 to 1588 ms",
+     lambda: (lambda p: (f"from {p['idle'][0]:.0f} to {p['idle'][1]:.0f} ms",))(_sac_pair())),
+    (L, "The new waits are 126 `cudaEventSynchronize` calls (394 ms)",
+     lambda: (lambda e: (f"are {e['count']} `cudaEventSynchronize` calls ({e['ms']:.0f} ms)",))(_sac_pair()["event_syncs"])
+     if "cudaEventSynchronize" not in _profile("h100-base")["summary"]["host_syncs"]["calls"] else False),
+    (L, "freeing cached blocks to find room at a 63.7 GiB peak on the 79.2 GiB card",
+     lambda: (f"at a {_profile('h100-sac18')['timing']['peak_allocated_gib']:.1f} GiB peak",
+              f"on the {_sac36_oom_capacity():.1f} GiB card")),
+    (L, "The peak rose by 21.6 GiB where the planner's kept-outputs term gives 26.2 GiB for 18 layers at the largest "
+        "micro-batch (x0.83 of it)",
+     lambda: (lambda p: (f"rose by {p['peak_rise']:.1f} GiB", f"gives {p['kept_planned']:.1f} GiB for "
+                         f"{p['layers']} layers", f"(x{p['peak_rise'] / p['kept_planned']:.2f} of it)"))(_sac_pair())),
+    (L, "36 layers ran out of the H100's memory", lambda: (f"{_sac36_layers()} layers ran out",)),
+    _quote(L, "the experiment now keeps the run's own error (commit 0d34c7b)", S23),
+    (L, "so the pass holds 14 bytes per logit element where the planner had 10",
+     lambda: (f"holds {budget.LOGITS_BYTES['torch_fp32']['forward']} bytes", f"had {budget.LOGITS_BYTES['torch_fp32']['train']}")),
+    (L, "With that term the planner gives qwen3_4b_48g's old_log_prob 34.91 GiB against 38.56 GiB measured at util 0.5 "
+        "(x1.10) and 39.14 GiB at util 0.6 (x1.12)",
+     lambda: tuple(w for u in ("0.5", "0.6") for w in _old_log_prob_words(u))),
+]
 CLAIMS += LAB_NOTES
 
 # sentences that state what a CPU test of the suite shows: the test is still there (and the suite runs it)
@@ -520,6 +565,52 @@ def _no_multinode_run() -> bool:
     seen = [p for p in files if "nnodes" in (text := p.read_text(errors="replace")) or "nodes:" in text]
     assert seen, "no committed run records its node count: the check would hold for nothing"
     return not any(many.search(p.read_text(errors="replace")) for p in seen)
+
+
+def _sac_pair() -> dict:
+    """Session 23's selective-checkpointing profile against the base of its lease, as the lab notes read them."""
+    base, sac = _profile("h100-base"), _profile("h100-sac18")
+    both = lambda f: (f(base), f(sac))  # noqa: E731
+    layers = sac["config"]["selective_layers"]
+    tokens = max(sac["workload"]["tokens_per_micro_batch"])
+    kept = layers * tokens * budget._selective_elems_per_token_layer(model_shape.resolve_model("qwen3-4b")) * 2 / GIB
+    run_to_run = report_profile.run_to_run(report_profile.committed_profiles())[1]
+    grad = lambda m: report_profile._first_update(m)["grad_norm"]  # noqa: E731
+    recompute = both(lambda m: m["summary"]["passes"]["recompute"]["ms"])
+    return {
+        "commit": sac["config"].get("commit") or report_profile.committed_profiles()["h100-sac18"]["commit"][:7],
+        "recompute": recompute,
+        "recompute_gemm": both(lambda m: m["summary"]["passes"]["recompute"]["ms_by_category"]["gemm"]),
+        "idle": both(lambda m: m["summary"]["device"]["idle_ms"]),
+        "event_syncs": sac["summary"]["host_syncs"]["calls"]["cudaEventSynchronize"],
+        "peak_rise": sac["timing"]["peak_allocated_gib"] - base["timing"]["peak_allocated_gib"],
+        "kept_planned": kept, "layers": layers,
+        "removed_recompute_not_wall": recompute[1] < recompute[0] and _wall("h100-sac18") >= _wall("h100-base"),
+        "grad_within_run_to_run": report_profile._relative(grad(sac), grad(base)) <= run_to_run
+        and report_profile._first_update(sac)["entropy"] == report_profile._first_update(base)["entropy"],
+    }
+
+
+def _sac36_oom_capacity() -> float:
+    """The H100's capacity the 36-layer profile's out-of-memory error names (session 23's console)."""
+    text = _source_text("outputs/_node/session23/profile-sac36.console.log")
+    return float(re.search(r"OutOfMemoryError: .*total capacity of ([\d.]+) GiB", text).group(1))
+
+
+def _sac36_layers() -> int:
+    return int(re.search(r"selective_layers=(\d+)", _source_text(_session_readme(23))).group(1))
+
+
+def _sac_with_compiled_kernels() -> bool:
+    """A committed profile ran selective checkpointing with a compiled kernel."""
+    return any(m["config"].get("selective_layers") and "eager" not in (m["config"].get("rmsnorm"), m["config"].get("pointwise"))
+               for m in report_profile.committed_profiles().values())
+
+
+def _old_log_prob_words(util: str) -> tuple[str, ...]:
+    row = next(r for r in _json(f"outputs/06_util_sweep/qwen3_4b_48g-u{util}/metrics.json")["comparison"]
+               if r["quantity"] == "peak_old_log_prob_gib")
+    return (f"{row['planner']:.2f} GiB", f"{row['measured']:.2f} GiB", f"util {util}", f"(x{row['ratio']:.2f})")
 
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,

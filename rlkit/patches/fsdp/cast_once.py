@@ -153,10 +153,18 @@ def _apply():
 
     def undo() -> None:
         hook.remove()
-        try:
-            invalidate()  # raises when a forward that failed midway (an OOM) still holds a copy
-        finally:
-            restore()  # FSDP is restored whatever the copies' state
+        in_use = 0
+        for handle in list(_resident_handles):
+            try:
+                _invalidate_handle(handle)
+            except RuntimeError:  # a forward that failed midway (an OOM) still holds it: forget it, FSDP frees it
+                setattr(handle, RESIDENT, False)
+                _resident_handles.discard(handle)
+                in_use += 1
+        restore()
+        if in_use:
+            raise RuntimeError(f"cast_once was reverted while forward/backward is using it: {in_use} bf16 copies of a "
+                               "forward/backward that did not finish (FSDP is restored; do not step that model again)")
 
     return undo
 
