@@ -18,13 +18,18 @@ def plain(markdown: str) -> str:
     return "\n".join(re.sub(r"^\s*-\s+", "", line) for line in text.splitlines())
 
 
+SYNTHETIC = ("Synthetic inputs: a random-init model built from its preset's config and random token batches (nothing "
+             "downloaded); memory, time and parity do not depend on the weights.")
+
+
 def device_label(device: str, gpu: str | None = None, model: str | None = None) -> str:
-    """Where a run measured, said first: a GPU run, or the tiny CPU profile whose times and memory mean little."""
+    """Where a run measured, said first (a GPU run, or the tiny CPU profile whose times and memory mean little), and
+    that its model and data are synthetic (notebooks 01-04 build random-init presets and random batches)."""
     on = f"model {model}, " if model else ""
     if device == "cpu" or (not gpu and device != "cuda"):
         return (f"Tiny CPU profile ({on}device cpu): host and device are the same memory, so the memory and time "
-                "numbers show the mechanism only; parity and counts hold as on a GPU.")
-    return f"GPU run ({on}device {gpu or device})."
+                f"numbers show the mechanism only; parity and counts hold as on a GPU. {SYNTHETIC}")
+    return f"GPU run ({on}device {gpu or device}). {SYNTHETIC}"
 
 
 # ------------------------------------------------------------------------------------------------ 00 · phase budget
