@@ -38,6 +38,16 @@ def test_rendering_again_changes_nothing(executed):
     assert R.render_text(executed.parent) == executed.read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("executed", EXECUTED, ids=IDS)
+def test_rendered_notebook_is_valid_with_unique_cell_ids(executed):
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    nbformat.validate(nb)
+    ids = [c.get("id") for c in nb.cells]
+    assert len(ids) == len(set(ids))
+
+
 def _copy_of(tmp_path, source: Path, with_metrics=True) -> Path:
     folder = tmp_path / "outputs" / "01_offload_bug" / "h200"
     folder.mkdir(parents=True)
