@@ -217,6 +217,12 @@ def test_notebook_runs_with_tiny_profile(path, tmp_path):
     missing = METRICS_KEYS.get(path.stem, set()) - set(metrics)
     assert not missing, f"metrics.json lacks {sorted(missing)}"
     CLAIMS[path.stem](metrics)
+    # it ends with its findings: the describe() of the metrics it wrote, as print shows it
+    from rlkit.experiments import findings
+
+    last = json.loads(Path(result.folder, "executed.ipynb").read_text())["cells"][-1]
+    printed = "".join("".join(o["text"]) for o in last["outputs"] if o["output_type"] == "stream")
+    assert printed == findings.describe(path.stem, metrics) + "\n", path.stem
     if path.stem in COMMITTED_GPU_RESULTS:  # they open on any machine, before this kernel's own run
         marker, first_line, figures = COMMITTED_GPU_RESULTS[path.stem]()
         cells = json.loads(Path(result.folder, "executed.ipynb").read_text())["cells"]

@@ -347,6 +347,25 @@ def findings(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def describe(metrics: dict[str, Any]) -> str:
+    """The notebook's findings in plain sentences: the arms (:func:`findings`), each against A next to A's repeat, and
+    the determinism checks, every number read from ``metrics``."""
+    from rlkit.experiments.prose import device_label, plain
+    from rlkit.measure.determinism import findings as determinism_findings
+
+    cfg = metrics["config"]
+    lines = [device_label(cfg["device"], model=cfg["model"]),
+             (f"Compared: arms {'; '.join(ARMS[a]['label'] for a in cfg['arms'])}, over {cfg['steps']} steps of "
+              f"{cfg['num_sequences']} sequences x {cfg['seq_len']} tokens; parity means bit-identical to arm A "
+              "(tolerance 0).")]
+    lines += findings(metrics).splitlines()
+    noise = rerun_noise_table(metrics)
+    lines.append(noise_findings(noise) if noise else ("No finished repeat of arm A in these metrics to read the arms against (a separate "
+                                              "repeat, the notebook's noise_dir, is not part of them)."))
+    lines.append(plain(determinism_findings(metrics)))
+    return "\n".join(lines)
+
+
 def arms_figure(metrics: dict[str, Any]):
     """Plotly: peak device GiB and step seconds per arm, side by side."""
     from plotly.subplots import make_subplots

@@ -327,5 +327,23 @@ def grad_sync_findings(metrics: dict[str, Any]) -> str:
     return f"{setup}\n{without}\n{with_fix}"
 
 
+def describe(metrics: dict[str, Any]) -> str:
+    """The notebook's findings in plain sentences (its Markdown findings, the parity against the unpatched run's own
+    spread, the gradient sync), every number read from ``metrics``."""
+    from rlkit.experiments.prose import device_label, plain
+    from rlkit.measure.determinism import findings as determinism_findings
+
+    where = device_label(metrics["device"], model=metrics["model"])
+    lines = [f"{where} Compared: FSDP1 NO_SHARD param offload and reload of {metrics['model']} "
+             f"({metrics['model_params']:,} parameters, {metrics['model_gib']:.3f} GiB) over {len(metrics['rows'])} "
+             "rows (use_orig_params x forward first x fix), each in a fresh process"
+             + ("; device memory measured." if metrics["memory_measured"] else
+                "; the device move is emulated by a copy, so views are counted, not device memory.")]
+    lines += plain(findings(metrics)).splitlines()
+    lines.append(plain(determinism_findings(metrics)))
+    lines += plain(grad_sync_findings(metrics)).splitlines()
+    return "\n".join(line for line in lines if line)
+
+
 if __name__ == "__main__":
     sys.exit(experiment_main(Config, run, NOTEBOOK))

@@ -242,6 +242,13 @@ def phase_bar_figure(plans: Mapping[str, Mapping[str, Any]], gpu_gib: float, tit
 # ---------------------------------------------------------------------------------------------------
 # Command line: ``rlkit budget``
 
+def describe(metrics: dict[str, Any]) -> str:
+    """The notebook's findings: the document's table against its script and the planner's verdict per option set, in plain sentences, every number read from ``metrics`` (:func:`rlkit.experiments.prose.phase_budget`)."""
+    from rlkit.experiments.prose import phase_budget
+
+    return phase_budget(metrics)
+
+
 def _parser() -> argparse.ArgumentParser:
     d = PlanSpec()
     p = argparse.ArgumentParser(

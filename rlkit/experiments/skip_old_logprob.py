@@ -361,6 +361,13 @@ def run(cfg: Config) -> dict[str, Any]:
     return metrics
 
 
+def describe(metrics: dict[str, Any]) -> str:
+    """The notebook's findings: the served log-probs against the skipped pass, what the skip saves, the guard, in plain sentences, every number read from ``metrics`` (:func:`rlkit.experiments.prose.skip_old_logprob`)."""
+    from rlkit.experiments.prose import skip_old_logprob
+
+    return skip_old_logprob(metrics)
+
+
 def main(argv=None) -> int:
     from rlkit.experiments import experiment_main
 

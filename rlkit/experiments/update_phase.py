@@ -318,6 +318,13 @@ def summarize(arms: list[dict], bench: dict) -> dict[str, Any]:
     }
 
 
+def describe(metrics: dict[str, Any]) -> str:
+    """The notebook's findings: each arm's parity with torch's AdamW, its optimizer seconds and Adam bytes, the benchmarks, in plain sentences, every number read from ``metrics`` (:func:`rlkit.experiments.prose.host_adamw`)."""
+    from rlkit.experiments.prose import host_adamw
+
+    return host_adamw(metrics)
+
+
 # ---------------------------------------------------------------------------------------- notebook views
 def arms_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per arm for a DataFrame: phase seconds, memory, Adam GiB per rank, parity."""

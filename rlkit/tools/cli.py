@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "grpo": ("rlkit.experiments.grpo", "main", "render / launch the Qwen3-4B GRPO recipe on verl"),
     "bundle": ("rlkit.tools.bundle", "main", "build a wheelhouse for an offline GPU node"),
     "figures": ("rlkit.viz.static", "main", "add static PNGs beside the plotly figures of executed notebooks"),
+    "render": ("rlkit.tools.render", "main", "write an executed notebook's findings cells from its metrics.json"),
 }
 
 

@@ -121,7 +121,11 @@ def first_update_oom(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def describe(runs: list[dict[str, Any]]) -> str:
     """Findings in words; every number comes from ``runs``."""
-    lines = []
+    measured = [r for r in runs if r.get("measured")]
+    lines = [f"{len(runs)} point(s) of the gpu_memory_utilization sweep, planner vs measured (GiB per GPU, the ratio "
+             f"measured / planner); {len(measured)} measured on a GPU, "
+             + (f"{len(runs) - len(measured)} planner only (not launched: the tiny CPU profile or no GPU)."
+                if len(measured) < len(runs) else "none planner only.")]
     for r in runs:
         e, p = r["emulation"], r["planner"]
         lines.append(
