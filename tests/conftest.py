@@ -99,3 +99,16 @@ def committed_run(folder):
     if folder not in committed_runs(folder.parent):
         pytest.skip(f"{folder} is not a committed run (git tracks no metrics.json there)")
     return folder
+
+
+def committed_params(folder, name, ids_from):
+    """Parameters for a test over every file called ``name`` under ``folder`` that git tracks, each with the id
+    ``ids_from(path)``: the committed results, never a local run (the tiny/ folders ``make demo`` writes). In a
+    copy of the tree without .git, one parameter that skips, saying why, so collection still succeeds."""
+    from rlkit.core.results import NotACheckout, tracked_files
+
+    try:
+        files = [p for p in tracked_files(folder) if p.name == name]
+    except NotACheckout as err:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=str(err)), id="not-a-checkout")]
+    return [pytest.param(p, id=ids_from(p)) for p in files]

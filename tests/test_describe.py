@@ -11,17 +11,22 @@ from rlkit.core import params as P
 from rlkit.core.results import OUTPUTS_DIR, load_profile
 from rlkit.experiments import findings
 
+from conftest import committed_params
+
 GIB = 2**30
 NOTEBOOKS = ["00_phase_budget", "01_offload_bug", "02_host_adamw", "03_cast_once", "04_skip_old_logprob", "06_util_sweep"]
 
 
 def _committed():
+    """Each notebook's committed run folders (git-tracked metrics.json, never a `make demo` tiny/ run)."""
     for nb in NOTEBOOKS:
-        folders = sorted(p.parent for p in (OUTPUTS_DIR / nb).glob("*/metrics.json"))
+        params = committed_params(OUTPUTS_DIR / nb, "metrics.json", lambda p: str(p.parent.relative_to(OUTPUTS_DIR)))
+        for param in params:
+            path = param.values[0]
+            if path is None or path.parent.parent == OUTPUTS_DIR / nb:
+                yield pytest.param(nb, path and path.parent, marks=param.marks, id=param.id)
         if nb == "06_util_sweep":
-            folders.append(OUTPUTS_DIR / nb)  # the sweep: its point folders together
-        for folder in folders:
-            yield pytest.param(nb, folder, id=str(folder.relative_to(OUTPUTS_DIR)))
+            yield pytest.param(nb, OUTPUTS_DIR / nb, id=nb)  # the sweep: its point folders together
 
 
 def _numbers_00(m):
