@@ -173,7 +173,7 @@ def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch
     noisy = [line for line in lines if any(word in line for word in NOISE)]
     assert not noisy, f"console noise from the kernel or Jupyter: {noisy}"
     ours = re.compile(r"^(\[1/1\] |notebook +tag +status|demo +demo\.tiny +ok |\s+\S*executed\.ipynb, |1 of 1 runs succeeded)")
-    assert all(ours.match(line) for line in lines), lines
+    assert all(ours.match(line) for line in lines), [line for line in lines if not ours.match(line)]
     assert "1 of 1 runs succeeded" in out
 
 
