@@ -555,6 +555,45 @@ CLAIMS += [
      _says("Nothing below has run", lambda: _no_multinode_run())),
 ]
 
+SPECULATIVE = "outputs/speculative_bound/h200-seed"
+CLAIMS += [  # docs/results.md: the seed rollout's decode roofline and what speculation could give it
+    ("docs/results.md", "(`outputs/speculative_bound/h200-seed/`, from the session-18 run on the H200)",
+     lambda: (f"session-{_run_session(_spec()['run'])} run",
+              f"on the {_spec()['gpu'].removeprefix('NVIDIA ')}")),
+    ("docs/results.md", "Every step is bound by bandwidth: 19.9 s, as the bandwidth-only bound, against 3.0 s of arithmetic",
+     lambda: (lambda m, n: (f"{n['limit_s']:.1f} s, as", f"{n['compute_s']:.1f} s of arithmetic")
+              if n["compute_bound_share"] == 0.0 and round(n["limit_s"], 1) == round(m["bandwidth_only"]["limit_s"], 1)
+              else False)(_spec(), _spec()["no_speculation"])),
+    ("docs/results.md", "Of the 95.4 TB it reads, the KV cache is 62.4 TB and the weights 32.9 TB",
+     lambda: (lambda n: (f"{(n['weight_bytes'] + n['kv_bytes']) / 1e12:.1f} TB it reads",
+                         f"KV cache is {n['kv_bytes'] / 1e12:.1f} TB", f"weights {n['weight_bytes'] / 1e12:.1f} TB"))(
+                             _spec()["no_speculation"])),
+    ("docs/results.md", "the bound falls by 1.68x to 2.60x with 2 draft tokens and by 1.67x to 3.54x with 4, at acceptances "
+     "0.5 to 0.9", lambda: (*_speedups(2), *_speedups(4), _acceptances())),
+    ("docs/results.md", "whose gen runs at 54% of the bound today",
+     lambda: (f"at {pct(_spec()['bandwidth_only']['limit_s'] / _spec()['measured_gen_s'])} of the bound",)),
+]
+
+
+def _run_session(run: str) -> str:
+    """The device session a run folder's name ends with (``<arm>.session18``)."""
+    return re.search(r"[.]session(\d+)$", run).group(1)
+
+
+def _spec() -> dict:
+    return _json(f"{SPECULATIVE}/metrics.json")
+
+
+def _speedups(draft_tokens: int) -> tuple[str, ...]:
+    """The lowest and highest speed-up of the bound over the acceptances, with ``draft_tokens`` drafts, as written."""
+    ups = [r["speedup_of_bound"] for r in _spec()["speculative"] if r["draft_tokens"] == draft_tokens]
+    return (f"{min(ups):.2f}x to {max(ups):.2f}x with {draft_tokens}",)
+
+
+def _acceptances() -> str:
+    values = sorted({r["acceptance"] for r in _spec()["speculative"]})
+    return f"acceptances {values[0]:g} to {values[-1]:g}"
+
 
 def _no_multinode_run() -> bool:
     """No committed run asked for more than one node: no verl override ``trainer.nnodes`` above 1 in a metrics.json

@@ -26,7 +26,7 @@ METRICS_KEYS: dict[str, set[str]] = {
                       "launch_reason", "measured", "comparison", "emulated_verdict", "cost"},
     "07_does_it_learn": {"config", "synthetic", "task", "data", "model", "reward_examples", "probe", "plan", "runs",
                          "pending", "complete", "launched", "launch_reason", "steps", "curves", "analysis"},
-    "08_where_the_time_goes": {"config", "source", "rows"},
+    "08_where_the_time_goes": {"config", "source", "rows", "speculative"},
 }
 
 
@@ -139,6 +139,9 @@ def _claims_08(m):
                 assert r[f"{phase}_fraction"] == pytest.approx(r[f"{phase}_limit_s"] / r[f"{phase}_s"])
         assert 0 < r["update_actor_fraction"] < r["update_actor_hardware_fraction"] <= 1  # recompute counts on top
         assert r["gen_hbm_limit_s"] < r["gen_s"]  # a bound: no gen beats it
+    assert m["speculative"]  # outputs/speculative_bound/ is committed: what speculation could give gen
+    for s in m["speculative"]:
+        assert s["bound_s"] < s["measured_gen_s"] and all(r["speedup_of_bound"] > 1 for r in s["rows"])
 
 
 # What each notebook claims, checked on its tiny-profile run: status, parity 0.0 where the claim is bit-exactness.

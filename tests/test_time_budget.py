@@ -33,3 +33,22 @@ def test_the_findings_name_each_run_and_its_largest_gap():
         phase, seconds = T.largest_gap(row)
         assert f"- {row['arm']} ({row['gpu']}, {row['commit']})" in text
         assert f"the most time above a limit is {phase}'s, {seconds:.1f} s" in text
+
+
+def test_the_findings_give_each_speculative_bound_from_its_committed_folder():
+    """Each committed outputs/speculative_bound/<tag>/ is one line: its bound, its measured gen and the bound's range of
+    speed-ups, read from that folder's metrics.json."""
+    import json
+
+    from rlkit.core.results import OUTPUTS_DIR, committed_runs
+
+    folders = committed_runs(OUTPUTS_DIR / T.SPECULATIVE)
+    metrics = T.run(T.Config())
+    assert [s["tag"] for s in metrics["speculative"]] == [f.name for f in folders] and folders
+    text = T.describe(metrics)
+    for folder in folders:
+        m = json.loads((folder / "metrics.json").read_text())
+        ups = [r["speedup_of_bound"] for r in m["speculative"]]
+        line = next(x for x in text.splitlines() if f"outputs/{T.SPECULATIVE}/{folder.name})" in x)
+        assert f"bound at {m['no_speculation']['limit_s']:.1f} s" in line and f"{m['measured_gen_s']:.1f} s measured" in line
+        assert f"falls {min(ups):.2f}x to {max(ups):.2f}x" in line and "No acceptance is measured" in line

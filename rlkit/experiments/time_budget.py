@@ -3,7 +3,8 @@
 The limits are :func:`rlkit.experiments.estimates.phase_limits` on the GPU each run's env.json names: the update's
 model FLOPs at the GPU's dense bf16 peak (MFU), the host optimizer step and the weight sync at the node's pinned copy
 rate, gen against a standalone vLLM of the run's shape where one is committed and against the decode's memory-bandwidth
-bound. It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
+bound; beside them, what speculative decoding could give gen (:mod:`rlkit.experiments.speculative_bound`'s committed
+folders, arithmetic). It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
 ``python -m rlkit.experiments.time_budget --profile tiny`` writes ``outputs/08_where_the_time_goes/<tag>/``.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rlkit.core.results import OUTPUTS_DIR, committed_runs
 
 NOTEBOOK = "08_where_the_time_goes"
 RUNS = "05_grpo_qwen3_4b"
+SPECULATIVE = "speculative_bound"
 # The phases held against a limit, in a step's order.
 PHASES = ("gen", "old_log_prob", "update_actor", "optimizer_step", "update_weights")
 
@@ -56,7 +58,22 @@ def run(cfg: Config) -> dict[str, Any]:
             metrics = read_results(folder)
             if len(training_steps(metrics.get("steps", []))) >= cfg.min_steps:
                 rows.append(_run_row(folder, metrics))
-    return {"config": asdict(cfg), "source": f"outputs/{RUNS}/<run>/metrics.json", "rows": rows}
+    return {"config": asdict(cfg), "source": f"outputs/{RUNS}/<run>/metrics.json", "rows": rows,
+            "speculative": [_speculative(folder) for folder in committed_runs(OUTPUTS_DIR / SPECULATIVE)]}
+
+
+def _speculative(folder) -> dict[str, Any]:
+    """One committed speculative_bound folder, as notebook 08 shows it: the run it read, its decode bound and the
+    bound's speed-up for each pair of draft tokens and acceptance."""
+    from rlkit.core.results import read_metrics
+
+    m = read_metrics(folder)
+    plain = m["no_speculation"]
+    return {"tag": folder.name, "run": m["run"], "gpu": m["gpu"], "measured_gen_s": m["measured_gen_s"],
+            "bound_s": plain["limit_s"], "kv_share": plain["kv_bytes"] / (plain["kv_bytes"] + plain["weight_bytes"]),
+            "compute_bound_share": plain["compute_bound_share"],
+            "rows": [{k: r[k] for k in ("draft_tokens", "acceptance", "limit_s", "speedup_of_bound")}
+                     for r in m["speculative"]]}
 
 
 def largest_gap(row: dict[str, Any]) -> tuple[str, float] | None:
@@ -86,7 +103,18 @@ def describe(metrics: dict[str, Any]) -> str:
                      f"({_pct(r['update_actor_hardware_fraction'])} counting the recompute and padding), gen at "
                      f"{_pct(r['gen_hbm_fraction'])} of its memory-bandwidth bound and {_pct(r.get('gen_fraction'))} of "
                      f"standalone vLLM, between phases {_pct(r['between_phases_share'])} of the step{where}.")
+    lines += [_speculative_line(s) for s in metrics.get("speculative", [])]
     return "\n".join(lines)
+
+
+def _speculative_line(s: dict[str, Any]) -> str:
+    ups = [r["speedup_of_bound"] for r in s["rows"]]
+    accept = sorted({r["acceptance"] for r in s["rows"]})
+    return (f"- Speculative decoding, arithmetic for a free drafter ({s['run']} on {s['gpu']}, "
+            f"outputs/{SPECULATIVE}/{s['tag']}): gen's decode is bound at {s['bound_s']:.1f} s "
+            f"({_pct(s['compute_bound_share'])} of it by arithmetic, {_pct(s['kv_share'])} of the bytes KV cache) against "
+            f"{s['measured_gen_s']:.1f} s measured; at acceptances {accept[0]:g} to {accept[-1]:g} the bound falls "
+            f"{min(ups):.2f}x to {max(ups):.2f}x. No acceptance is measured: a random-init model accepts nothing.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -277,23 +277,30 @@ DECODE_DTYPE_BYTES = 2  # verl 0.9.1's rollout runs vLLM in bf16 with its KV cac
 VERL_MAX_NUM_SEQS = 256  # verl 0.9.1's rollout default (verl/trainer/config/rollout/rollout.yaml max_num_seqs), which the recipe keeps
 
 
-def gen_hbm_bound(recipe: Mapping[str, Any], mean: Mapping[str, float | None], shape: ModelShape, gpu_name: str,
-                  gen_s: float | None) -> dict[str, Any] | None:
-    """gen against :func:`decode_bound` for one vLLM replica's share of the batch. The response lengths are the
-    synthetic length model's distribution where the recipe has one (``response_length_mean``), else every response
-    at the steps' measured mean (verl logs no more; E[r^2] >= E[r]^2, so the bound stays a lower one). None for a
-    GPU :data:`HBM_BYTES_PER_S` lacks or steps without lengths."""
+def decode_inputs(recipe: Mapping[str, Any], mean: Mapping[str, float | None]) -> dict[str, Any] | None:
+    """What one vLLM replica decodes in a GRPO step: its share of the batch (``sequences``), the steps' mean prompt
+    (``prompt_tokens``), the response lengths (``response_pmf``: the synthetic length model's distribution where the
+    recipe has one, ``response_length_mean``, else every response at the steps' measured mean; verl logs no more, and
+    E[r^2] >= E[r]^2 keeps a bound from it a lower one) and ``max_num_seqs``. None for steps without lengths."""
     from rlkit.models.lengths import response_length_pmf
 
-    hbm = hbm_bytes_per_s(gpu_name)
-    if hbm is None or None in mean.values():
+    if None in mean.values():
         return None
     pmf = (response_length_pmf(recipe["response_length_mean"], recipe["max_response_length"])
            if recipe.get("response_length_mean") else {max(round(mean["response_length/mean"]), 1): 1.0})
-    sequences = recipe["train_batch_size"] * recipe["rollout_n"] * recipe.get("rollout_tp", 1) // recipe["n_gpus"]
-    bound = decode_bound(shape, sequences=sequences, prompt_tokens=mean["prompt_length/mean"], response_pmf=pmf,
-                         hbm_bytes_per_s=hbm[0], dtype_bytes=DECODE_DTYPE_BYTES,
-                         max_num_seqs=recipe.get("max_num_seqs", VERL_MAX_NUM_SEQS))
+    return {"sequences": recipe["train_batch_size"] * recipe["rollout_n"] * recipe.get("rollout_tp", 1) // recipe["n_gpus"],
+            "prompt_tokens": mean["prompt_length/mean"], "response_pmf": pmf,
+            "max_num_seqs": recipe.get("max_num_seqs", VERL_MAX_NUM_SEQS)}
+
+
+def gen_hbm_bound(recipe: Mapping[str, Any], mean: Mapping[str, float | None], shape: ModelShape, gpu_name: str,
+                  gen_s: float | None) -> dict[str, Any] | None:
+    """gen against :func:`decode_bound` for one vLLM replica's share of the batch (:func:`decode_inputs`). None for a
+    GPU :data:`HBM_BYTES_PER_S` lacks or steps without lengths."""
+    hbm, work = hbm_bytes_per_s(gpu_name), decode_inputs(recipe, mean)
+    if hbm is None or work is None:
+        return None
+    bound = decode_bound(shape, **work, hbm_bytes_per_s=hbm[0], dtype_bytes=DECODE_DTYPE_BYTES)
     return {**bound, "hbm_source": hbm[1], "seconds": gen_s, "fraction": bound["limit_s"] / gen_s if gen_s else None}
 
 
