@@ -63,13 +63,13 @@ def _fwd_bwd(engine, tokens: torch.Tensor, poison: bool) -> None:
 
 
 def train(prefetch: bool, *, steps: int = 3, poison_step: int | None = None, rank: int = 0, world: int = 1,
-          deferred: bool = True) -> dict:
+          deferred: bool = True, overlap_copies: bool = False) -> dict:
     """``steps`` verl updates of the tiny FSDP1 model with HostAdamW, serial or with the gradient prefetch."""
     if prefetch:
         patches.apply(["grad_prefetch"])
     model = U.build_fsdp_model("tiny", torch.device("cpu"), seed=0, gradient_checkpointing=False)
     params = list(model.parameters())
-    optimizer = HostAdamW(params, lr=LR, weight_decay=0.1, prefetch_grads=prefetch,
+    optimizer = HostAdamW(params, lr=LR, weight_decay=0.1, prefetch_grads=prefetch, overlap_copies=overlap_copies,
                           copy_streams=HostCopies(deferred=deferred))
     engine = _verl_engine(model, optimizer)
     out = {"norm": [], "coefficient": [], "prefetched": [], "skipped": [], "state": []}
@@ -82,6 +82,7 @@ def train(prefetch: bool, *, steps: int = 3, poison_step: int | None = None, ran
         out["norm"].append(norm)
         out["coefficient"].append(clip_coefficient(GRAD_CLIP, torch.tensor(norm, dtype=torch.float32)).item())
         out["prefetched"].append(optimizer.last_step_prefetched)
+        assert optimizer.last_step_prefetched == -1 or optimizer.last_step_overlapped == overlap_copies
         out["state"].append([(p.detach().clone(), {k: v.clone() for k, v in optimizer.state[p].items()})
                              for p in params])
     out["params"] = len(params)
@@ -108,11 +109,13 @@ def _check_run(got: dict, ref: dict, poison_step: int | None) -> None:
         assert prefetched == got["params"] and serial == 0  # every gradient came from its prefetched copy
 
 
+@pytest.mark.parametrize("overlap_copies", [False, True])
 @pytest.mark.parametrize("deferred", [False, True])
-def test_prefetch_through_verls_optimizer_step_is_bit_identical_on_one_rank(deferred):
+def test_prefetch_through_verls_optimizer_step_is_bit_identical_on_one_rank(deferred, overlap_copies):
+    """Also with the overlapped copies' schedule (its gradients then come from the prefetched copies)."""
     with gloo_world_of_one():
         ref = train(False)
-        got = train(True, deferred=deferred)
+        got = train(True, deferred=deferred, overlap_copies=overlap_copies)
     _check_run(got, ref, None)
 
 
