@@ -7,7 +7,8 @@ finite check, the step or ``zero_grad``), ``grad_clip`` small enough that the co
 Compared after every step: the parameters (on the CPU each flat parameter is its own fp32 master), ``exp_avg``,
 ``exp_avg_sq`` and ``step``, with ``torch.equal``. The copies run on :class:`rlkit.optim.overlap.HostCopies`, the CPU
 stand-in for CUDA streams; deferred, a copy runs only when something waits for it, so a prefetch that the clip did not
-wait for would read clipped gradients and be clipped twice.
+wait for would read clipped gradients and be clipped twice. Arm 5's update (master_on_host wired into verl's train
+mode, cast_once) is checked the same way through verl's ``train_mode`` and ``optimizer_step``.
 """
 from __future__ import annotations
 
@@ -147,6 +148,53 @@ def test_prefetch_on_two_gloo_ranks_with_accumulation_clipping_and_a_non_finite_
         for rank in range(2):
             with open(f"{out_dir}/rank{rank}.json") as fh:
                 assert json.load(fh) == {"None": "ok", "1": "ok"}, rank
+
+
+def _arm5(prefetch: bool, steps: int = 2) -> dict:
+    """Arm 5's update through verl's own engine: master_on_host (its verl wiring: the masters adopted from verl's param
+    offload, exposed to HostAdamW in ``optimizer_step``) and cast_once, with the clip active."""
+    from test_master_on_host_verl import _verl_engine as train_mode_engine
+
+    from rlkit.patches.verl import master_on_host_verl
+
+    patches.apply(["master_on_host", "cast_once", *(["grad_prefetch"] if prefetch else [])])
+    master_on_host_verl.PATCH.apply()
+    try:
+        model = U.build_fsdp_model("tiny", torch.device("cpu"), seed=0, gradient_checkpointing=True)
+        params = list(model.parameters())
+        optimizer = HostAdamW(params, lr=LR, weight_decay=0.1, prefetch_grads=prefetch)
+        engine = train_mode_engine(model, optimizer)
+        engine.optimizer_config.clip_grad = GRAD_CLIP
+        out = {"norm": [], "prefetched": [], "state": []}
+        for step in range(steps):
+            with engine.train_mode(), engine.train_mode(disable_auto_offload=True):
+                assert master_on_host_verl.host_masters(engine) is not None
+                _fwd_bwd(engine, U.make_minibatch(VOCAB, 4 * MICRO_BATCHES, SEQ, seed=100 + step), poison=False)
+                out["norm"].append(engine.optimizer_step())
+                out["prefetched"].append(optimizer.last_step_prefetched)
+            out["state"].append([(p.detach().clone(), {k: v.clone() for k, v in optimizer.state[p].items()})
+                                 for p in params])
+        out["params"] = len(params)
+        return out
+    finally:
+        master_on_host_verl.PATCH.revert()
+        patches.revert_all()
+
+
+def test_prefetch_under_arm_5s_train_mode_through_verls_engine_is_bit_identical(monkeypatch):
+    from verl.utils import fsdp_utils
+    from verl.workers.engine import base
+    from verl.workers.engine.fsdp import transformer_impl
+
+    # A CPU machine has no accelerator: let verl's context switch name one (the wiring never loads to it).
+    for module in (base, transformer_impl):
+        monkeypatch.setattr(module, "get_device_name", lambda: "cuda")
+    monkeypatch.setattr(fsdp_utils, "get_torch_device", lambda: SimpleNamespace(empty_cache=lambda: None))
+    with gloo_world_of_one():
+        ref, got = _arm5(False), _arm5(True)
+    assert_bit_identical(got, ref)
+    assert all(clip_coefficient(GRAD_CLIP, torch.tensor(n)).item() < 1.0 for n in got["norm"])
+    assert ref["prefetched"] == [0, 0] and got["prefetched"] == [got["params"]] * 2
 
 
 def test_the_coefficient_is_the_one_fsdps_clip_multiplied_by():
