@@ -38,7 +38,7 @@ PREFETCH_TEST = ("tests/test_grad_prefetch.py::"
 
 def _prefetch_grad_clip_words() -> str:
     """The grad_clip the prefetch's CPU test clips with, as patches.md writes it."""
-    clip = re.search(r"^GRAD_CLIP = ([\d.]+)", _source_text(PREFETCH_TEST.split("::")[0]), re.M)[1]
+    clip = re.search(r"^GRAD_CLIP = ([\d.]+)", _source_text(PREFETCH_TEST.split("::")[0]), re.MULTILINE)[1]
     return f"`grad_clip` {clip}"
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -360,8 +360,8 @@ def test_the_gradient_prefetch_adds_a_host_copy_of_every_gradient_on_each_steppi
     prefetch = _host_finding(_hostadamw_overrides(rank0_owner, prefetch_grads=True), host_available_gib=400.0)
     extra = 4 * shape.params * (1 if rank0_owner else 2) / GIB
     assert f"prefetch_grads_pinned {extra:.2f}" in prefetch.message and "prefetch_grads" not in serial.message
-    total = lambda f: float(re.search(r"HostAdamW holds ([\d.]+) GiB", f.message).group(1))  # noqa: E731
-    assert total(prefetch) - total(serial) == pytest.approx(extra, abs=0.01)
+    serial_gib, prefetch_gib = (float(re.search(r"HostAdamW holds ([\d.]+) GiB", f.message)[1]) for f in (serial, prefetch))
+    assert prefetch_gib - serial_gib == pytest.approx(extra, abs=0.01)
     parts = host_adamw_bytes(shape, ranks=2, rank0_owner=rank0_owner, prefetch_grads=True)
     assert parts["prefetch_grads_pinned"] == 4.0 * shape.params * (1 if rank0_owner else 2)
 
