@@ -33,6 +33,8 @@
 #                     planner fits on the 47.4 GiB card padded (24,576: 56.6 GiB), for the 1.3x update tokens/s target (23)
 #   seed-unfused      arm 1 at the seed's workload with verl's unfused full logits; an OOM is the result (23)
 #   seed-overlap      arm 5 at the seed's workload with the overlapped copies, no rank-0 owner on one GPU (24)
+#   seed-prefetch     seed-overlap with HostAdamW's gradient prefetch: the optimizer share of update_actor against
+#                     seed-overlap of the same commit (42)
 #   seed-poll         arm 5 at the seed's workload with verl's replay-buffer poll at 0.2 s (24)
 #   seed-compiled     arm 5 at the seed's workload with the compiled RMSNorm, rotary and SwiGLU (24)
 #   seed-arm5         arm 5 alone at the seed's workload: the arc's arm, and the base of seed-levers at the same
@@ -61,7 +63,8 @@ arm_of() {  # the arm (rlkit.recipes.grpo.ARMS) a seed-arm<N> job runs
 
 set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
-  local levers="-p host_rank0_owner=false -p host_overlap_copies=true -p rmsnorm=compiled -p pointwise=compiled"
+  local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers
+  levers="$overlap -p rmsnorm=compiled -p pointwise=compiled"
   levers+=" -p replay_poll_s=0.2"
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
@@ -85,8 +88,9 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                  cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$padded" RLKIT_TAG_SUFFIX=-padded-tok12288 scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
     seed-unfused) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p logits=full -p expect_failure=true" RLKIT_TAG_SUFFIX=-unfused
                        scripts/node_grpo_arms.sh "$dir" 1-fixes-hostadamw) ;;
-    seed-overlap) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p host_rank0_owner=false -p host_overlap_copies=true"
-                       RLKIT_TAG_SUFFIX=-overlap scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-overlap) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$overlap" RLKIT_TAG_SUFFIX=-overlap scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
+    seed-prefetch) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$overlap -p host_prefetch_grads=true" RLKIT_TAG_SUFFIX=-prefetch
+                        scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-poll) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p replay_poll_s=0.2" RLKIT_TAG_SUFFIX=-poll0.2
                     scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-compiled) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p rmsnorm=compiled -p pointwise=compiled"

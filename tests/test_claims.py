@@ -31,6 +31,16 @@ from _claim_sources import (  # readers of the committed files; tests/ is on sys
     _steps_trained, _sweep_card, _sweep_waiting, _tested, _update_mfu, _verl_compat, _verl_compat_words, _wall, _yaml,
 )
 
+PREFETCH_TEST = ("tests/test_grad_prefetch.py::"
+                 "test_prefetch_on_two_gloo_ranks_with_accumulation_clipping_and_a_non_finite_step_is_bit_identical")
+
+
+
+def _prefetch_grad_clip_words() -> str:
+    """The grad_clip the prefetch's CPU test clips with, as patches.md writes it."""
+    clip = re.search(r"^GRAD_CLIP = ([\d.]+)", _source_text(PREFETCH_TEST.split("::")[0]), re.MULTILINE)[1]
+    return f"`grad_clip` {clip}"
+
 # ---------------------------------------------------------------------------------------------------------------
 # (doc, the words it says, a check of the cited file: the values it gives, as the words write them, or a bool)
 CLAIMS = [
@@ -148,6 +158,17 @@ CLAIMS = [
          _copies("h200-base")["DtoH"])),
     ("docs/patches.md", "with overlapped copies, 0.70 s (`outputs/update_profile/h200-overlap/`)",
      lambda: (f"{_idle_in_optimizer('h200-overlap'):.2f} s",)),
+    ("docs/patches.md", "copies the gradients to the host during the last backward and clips them there, bit-identical to the "
+                        "serial step on the CPU",
+     _by_test("bit-identical to the serial step on the CPU", PREFETCH_TEST)),
+    ("docs/patches.md", "so the clipped host gradient equals the one the serial step copies down, bit for bit",
+     _by_test("bit for bit", PREFETCH_TEST)),
+    ("docs/patches.md", "`grad_clip` 0.05 (the coefficient below 1 at every step, which the test asserts)",
+     lambda: (_prefetch_grad_clip_words(), *_by_test("below 1 at every step", PREFETCH_TEST)())),
+    ("docs/patches.md", "the prefetched and host-clipped step equals the serial HostAdamW step bit for bit",
+     _by_test("bit for bit", PREFETCH_TEST)),
+    ("docs/patches.md", "The prefetch is not measured on a GPU yet",
+     _says("not measured on a GPU yet", lambda: _never_on_a_gpu("host_prefetch_grads", False))),
     ("docs/patches.md", "ran on the H200 with one rank in device session 9 and passed",
      lambda: (f"with one rank in device session 9 and {_outcome(RESUME9)}",)
      if _passed(RESUME9) == 1 else False),
@@ -687,9 +708,6 @@ NOT_RESULTS = [
     ("docs/multinode.md", "2 (W - 1) / W x 4 B x trainable parameters", "a formula"),
     ("docs/multinode.md", "it does not exist yet", "a converter not written (code, not a run)"),
     ("docs/lab-notes.md", "Its cause was not yet pinned (session 22 found it: below)", "history: an open question then, no measurement"),
-    ("docs/patches.md", "That multiply is the device's: one IEEE fp32 multiplication", "the argument of a design (the section "
-         "says: not implemented)"),
-    ("docs/patches.md", "The CPU test this design needs", "a test to write, not one that ran"),
     ("docs/reliability.md", "`Fix: lower actor_rollout_ref.rollout.gpu_memory_utilization to at most "
                             "0.63", "a message's text, which tests/test_faults.py asserts"),
     ("docs/lab-notes.md", "about 2 min of bundle in 30-MiB parts, then about 25 min of jobs", "a plan for later leases"),

@@ -308,14 +308,14 @@ def test_a_column_of_the_wrong_type_fails_at_its_first_row(tmp_path):
 # host RAM too small for HostAdamW's pinned buffers
 
 
-def _hostadamw_overrides(rank0_owner: bool = False, overlap_copies: bool = False) -> list[str]:
+def _hostadamw_overrides(rank0_owner: bool = False, overlap_copies: bool = False, prefetch_grads: bool = False) -> list[str]:
     """What the recipe renders for Qwen3-4B with HostAdamW on 2 GPUs (the keys the host check reads)."""
     arr = "actor_rollout_ref"
     return [f"{arr}.model.path=qwen3-4b", "trainer.n_gpus_per_node=2", f"{arr}.actor.fsdp_config.param_offload=True",
             f"{arr}.actor.fsdp_config.optimizer_offload=False", f"{arr}.actor.optim.optimizer_impl=rlkit.optim",
             f"{arr}.actor.optim.optimizer=HostAdamW",
             f"{arr}.actor.optim.override_optimizer_config={{pin_memory:true,rank0_owner:{str(rank0_owner).lower()},"
-            f"overlap_copies:{str(overlap_copies).lower()}}}"]
+            f"overlap_copies:{str(overlap_copies).lower()},prefetch_grads:{str(prefetch_grads).lower()}}}"]
 
 
 def _host_finding(overrides, patches=("offload_views", "no_shard"), **kwargs):
@@ -349,6 +349,21 @@ def test_overlapped_copies_double_the_pinned_staging_the_host_check_counts():
     overlapped = _host_finding(_hostadamw_overrides(overlap_copies=True), host_available_gib=200.0)
     assert "staging_pinned 5.80" in serial.message and "staging_pinned 11.59" in overlapped.message
     assert "HostAdamW holds 131.47 GiB" in overlapped.message  # 125.67 + 5.80, each rounded
+
+
+@pytest.mark.parametrize("rank0_owner", [False, True])
+def test_the_gradient_prefetch_adds_a_host_copy_of_every_gradient_on_each_stepping_rank(rank0_owner):
+    """HostAdamW(prefetch_grads=True) keeps every gradient on the host (fp32, 4 B per parameter) on each rank that
+    steps: the check counts that and nothing else more."""
+    shape = model_shape.resolve_model("qwen3-4b")
+    serial = _host_finding(_hostadamw_overrides(rank0_owner), host_available_gib=400.0)
+    prefetch = _host_finding(_hostadamw_overrides(rank0_owner, prefetch_grads=True), host_available_gib=400.0)
+    extra = 4 * shape.params * (1 if rank0_owner else 2) / GIB
+    assert f"prefetch_grads_pinned {extra:.2f}" in prefetch.message and "prefetch_grads" not in serial.message
+    serial_gib, prefetch_gib = (float(re.search(r"HostAdamW holds ([\d.]+) GiB", f.message)[1]) for f in (serial, prefetch))
+    assert prefetch_gib - serial_gib == pytest.approx(extra, abs=0.01)
+    parts = host_adamw_bytes(shape, ranks=2, rank0_owner=rank0_owner, prefetch_grads=True)
+    assert parts["prefetch_grads_pinned"] == 4.0 * shape.params * (1 if rank0_owner else 2)
 
 
 def test_rlkit_preflight_reads_this_hosts_available_memory():

@@ -53,6 +53,9 @@ def test_defaults_are_the_mission_run():
      "host_pin_memory"),
     ({"host_overlap_copies": True, "optimizer": "HostAdamW", "optimizer_offload": False, "host_rank0_owner": True},
      "host_rank0_owner"),
+    ({"host_prefetch_grads": True}, "optimizer"),
+    ({"host_prefetch_grads": True, "optimizer": "HostAdamW", "optimizer_offload": False, "host_pin_memory": False},
+     "host_pin_memory"),
 ])
 def test_bad_recipe_names_the_key_and_fix(changes, key):
     with pytest.raises(P.ParamError, match=rf"GRPORecipe\.{key}: .*Fix: "):
@@ -255,7 +258,8 @@ def test_every_arm_is_a_valid_h200_recipe_that_verl_composes(arm):
         assert optim.optimizer_impl == "rlkit.optim" and not config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
         assert dict(optim.override_optimizer_config) == {"pin_memory": r.host_pin_memory,
                                                          "rank0_owner": r.host_rank0_owner,
-                                                         "overlap_copies": r.host_overlap_copies}
+                                                         "overlap_copies": r.host_overlap_copies,
+                                                         "prefetch_grads": r.host_prefetch_grads}
     else:
         assert optim.override_optimizer_config is None
     env = verl_job.launch_env(r, "/tmp/records", base={})
@@ -381,10 +385,19 @@ def test_workload_levers_survive_every_arm(arm):
 @pytest.mark.parametrize("changes, field", [
     ({"patches": ("offload_views", "chunked_logprobs")}, "logits"),
     ({"patches": ("varlen_attention",)}, "attn_implementation"),
+    ({"patches": ("grad_prefetch",)}, "host_prefetch_grads"),
 ])
 def test_a_lever_patch_without_its_field_names_the_field(changes, field):
     with pytest.raises(P.ParamError, match=rf"GRPORecipe\.patches: .*Fix: set {field}: "):
         _recipe(**changes)
+
+
+def test_host_prefetch_grads_adds_its_patch_and_reaches_hostadamw():
+    r = _recipe(optimizer="HostAdamW", optimizer_offload=False, host_prefetch_grads=True)
+    assert r.active_patches[-1] == "grad_prefetch"
+    assert verl_job.launch_env(r, "/tmp/records", base={})["RLKIT_PATCHES"].split(",")[-1] == "grad_prefetch"
+    (options,) = [o for o in render_overrides(r, R.Paths("/m", "/d.parquet")) if "override_optimizer_config" in o]
+    assert options.endswith("overlap_copies:false,prefetch_grads:true}")
 
 
 def test_the_seed_profile_is_the_issues_shape():

@@ -465,7 +465,7 @@ def test_state_dict_records_the_rank_role_and_torch_adamw_ignores_it():
     assert saved["host_adamw"] == {"rank0_owner": False, "is_owner": True}
     assert opt.options() == {"impl": "fused", "rank0_owner": False, "skip_nonfinite": True,
                              "check_identical_grads": False, "pin_memory": torch.cuda.is_available(),
-                             "broadcast_device": "host", "host_threads": 1, "overlap_copies": False,
+                             "broadcast_device": "host", "host_threads": 1, "overlap_copies": False, "prefetch_grads": False,
                              "group_size": 1, "owners": "group", "nodes": None}
     ref = torch.optim.AdamW(ref_params, fused=True, **HYPER)
     ref.load_state_dict(saved)  # the extra entry is not torch's business

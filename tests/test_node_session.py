@@ -51,7 +51,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 28
+    assert len(JOBS) == 29
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -78,6 +78,8 @@ def test_every_job_names_what_exists(tmp_path):
     assert _params(shlex.split(commands["seed-util"])) == ["gpu_memory_utilization"]
     assert "rlkit.experiments.elementwise_kernels" in commands["kernels-liger"]
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
+    assert _params(shlex.split(commands["seed-prefetch"])) == ["host_rank0_owner", "host_overlap_copies",
+                                                                "host_prefetch_grads"]
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
     assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",
                                                               "pointwise", "replay_poll_s"]

@@ -50,6 +50,11 @@ no broadcast follows the step, the copies run on a side CUDA stream beside the h
 serial step (:mod:`rlkit.optim.overlap`; tests/test_host_adamw.py runs the same schedule on the CPU with a stand-in
 stream, and on the GPU). Anywhere else the option leaves the serial step.
 
+Gradient prefetch (``prefetch_grads=True``, with the ``grad_prefetch`` patch): each final gradient is copied to a host
+buffer of its own as FSDP hands it over in the last micro-batch's backward, and the step multiplies it by the clip
+coefficient instead of copying the clipped gradient down, bit-identical to the serial step (:mod:`rlkit.optim.prefetch`;
+tests/test_grad_prefetch.py). Where no prefetched gradient applies, the step copies the gradient down as before.
+
 Host threads: the step runs torch's CPU kernels with ``host_threads`` intra-op threads (by default this process's
 CPUs shared between the ranks of this host that step; :mod:`rlkit.optim.host_ranks`), bit-identical for any count.
 
@@ -76,6 +81,7 @@ from rlkit.optim.host_ranks import (
 )
 from rlkit.optim.host_step import adam, check_hyperparameters, is_own_master, master_and_state
 from rlkit.optim.overlap import CudaCopies, step_overlapped
+from rlkit.optim.prefetch import GradPrefetch
 from rlkit.optim.staging import StagingPool
 
 
@@ -104,7 +110,9 @@ class HostAdamW(torch.optim.Optimizer):
         over ``process_group``, whose backend must handle it.
     overlap_copies: run the gradient and parameter copies on a side CUDA stream beside the host step (see the
         module docstring; bit-identical); ``False`` (default) the serial step.
-    copy_streams: the streams the overlapped copies run on: ``None`` (default) CUDA's
+    prefetch_grads: copy each final gradient to the host during the last backward and clip it there (see the module
+        docstring; bit-identical; needs the ``grad_prefetch`` patch); ``False`` (default) copy it down in the step.
+    copy_streams: the streams the overlapped copies and the prefetch run on: ``None`` (default) CUDA's
         (:class:`rlkit.optim.overlap.CudaCopies`); tests pass :class:`rlkit.optim.overlap.HostCopies` to run the
         overlapped schedule on the CPU.
     """
@@ -131,6 +139,7 @@ class HostAdamW(torch.optim.Optimizer):
         overlap_copies: bool = False,
         owners: str = "group",
         copy_streams=None,
+        prefetch_grads: bool = False,
     ) -> None:
         check_hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, impl=impl)
         _check_owners(owners, rank0_owner)
@@ -164,6 +173,10 @@ class HostAdamW(torch.optim.Optimizer):
         self.overlap_copies = bool(overlap_copies)
         self.last_step_overlapped = False  # whether the last step ran its copies beside the host step
         self._copies = CudaCopies() if copy_streams is None else copy_streams  # overlap_copies' streams
+        self.prefetch_grads = bool(prefetch_grads)
+        self.last_step_prefetched = 0  # gradients the last step took from the prefetched host copies
+        self._prefetch = (GradPrefetch([p for g in self.param_groups for p in g["params"]], self.staging, self._copies)
+                          if self.prefetch_grads and self._is_owner else None)
 
     # ------------------------------------------------------------------ process group
     def _setup_group(self, process_group, *, required: bool) -> None:
@@ -208,8 +221,9 @@ class HostAdamW(torch.optim.Optimizer):
             finite = self._grads_finite(work) if self.skip_nonfinite else True
         if not finite:
             self.last_step_skipped = True
+            self._discard_prefetch()
             return loss
-        self.last_step_skipped = False
+        self.last_step_skipped, self.last_step_prefetched = False, 0
         self.last_step_overlapped = self._can_overlap(work)
         self._reserve_staging(work, buffers=2 if self.last_step_overlapped else 1)
         with _intra_op_threads(self.host_threads):
@@ -218,6 +232,7 @@ class HostAdamW(torch.optim.Optimizer):
             else:
                 for group, p in work:
                     self._step_one(group, p)
+        self._discard_prefetch()
         if self._device_staging is not None:
             self._device_staging.release()  # device memory only during the step, not through the next forward
         return loss
@@ -228,8 +243,10 @@ class HostAdamW(torch.optim.Optimizer):
         out = p.data if in_place else self.staging.view("param", p.numel(), p.dtype).view(p.shape)
         if self._is_owner:
             with self._phase("grad_d2h"):
-                grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
-                grad.copy_(p.grad)
+                grad = self.prefetched_grad(p)
+                if grad is None:
+                    grad = self.staging.view("grad", p.numel(), torch.float32).view(p.shape)
+                    grad.copy_(p.grad)
             master, _ = self._host_step(group, p, grad)
             with self._phase("param_pack"):
                 if not in_place:
@@ -243,6 +260,20 @@ class HostAdamW(torch.optim.Optimizer):
         with self._phase("param_h2d"):
             if not in_place:
                 p.copy_(out)
+
+    def prefetched_grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        """``p``'s clipped gradient from its prefetched host copy (:mod:`rlkit.optim.prefetch`), or None: copy it down."""
+        grad = self._prefetch.take(p) if self._prefetch is not None else None
+        self.last_step_prefetched += grad is not None
+        return grad
+
+    def _discard_prefetch(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.discard()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._discard_prefetch()  # copies of these gradients belong to no step now
+        super().zero_grad(set_to_none)
 
     def _host_step(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """AdamW on ``p``'s host master with ``grad`` (host fp32); (the master, whether it is ``p`` itself)."""
@@ -337,6 +368,7 @@ class HostAdamW(torch.optim.Optimizer):
             "broadcast_device": str(self._broadcast_device) if self._broadcast_device is not None else "host",
             "host_threads": self.host_threads,
             "overlap_copies": self.overlap_copies,
+            "prefetch_grads": self.prefetch_grads,
             "group_size": dist.get_world_size(self._group) if self._group is not None else 1,
             "owners": self.owners,
             "nodes": self._nodes,  # nodes with an owner (owners="node"); None otherwise

@@ -128,6 +128,9 @@ def step_overlapped(opt, work, copies) -> None:
 
     def grad_down(k: int, buffer: int):
         p = work[k][1]
+        prefetched = opt.prefetched_grad(p)  # already on the host (gradient prefetch): nothing to copy
+        if prefetched is not None:
+            return prefetched, copies.record(side)
         grad = opt.staging.view(f"grad{buffer}", p.numel(), torch.float32).view(p.shape)
         copies.copy(side, grad, p.grad)
         return grad, copies.record(side)

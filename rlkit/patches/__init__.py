@@ -40,6 +40,7 @@ KNOWN_PATCHES: dict[str, str] = {
     "compiled_rmsnorm": "rlkit.patches.kernels.compiled_rmsnorm",
     "compiled_pointwise": "rlkit.patches.kernels.compiled_pointwise",
     "selective_checkpoint": "rlkit.patches.verl.selective_checkpoint",
+    "grad_prefetch": "rlkit.patches.fsdp.grad_prefetch",
 }
 
 

@@ -208,6 +208,7 @@ def check_planner(c: VerlConfig, ctx: Context) -> list[Finding]:
 OPTIMIZER_IMPL = "actor_rollout_ref.actor.optim.optimizer_impl"
 PIN_MEMORY_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.pin_memory"
 OVERLAP_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.overlap_copies"
+PREFETCH_KEY = "actor_rollout_ref.actor.optim.override_optimizer_config.prefetch_grads"
 
 
 def available_host_gib(meminfo: str | os.PathLike | None = None) -> float | None:
@@ -247,7 +248,8 @@ def check_host_memory(c: VerlConfig, ctx: Context) -> list[Finding]:
     on_host = "master_on_host" in ctx.active_patches
     options = {"ranks": ranks, "param_offload": bool(c.get(f"{ACTOR_FSDP}.param_offload")),
                "lora_rank": int(c.get(f"{MODEL}.lora_rank") or 0),
-               "overlap_copies": bool(c.is_set(OVERLAP_KEY) and c.get(OVERLAP_KEY))}
+               "overlap_copies": bool(c.is_set(OVERLAP_KEY) and c.get(OVERLAP_KEY)),
+               "prefetch_grads": bool(c.is_set(PREFETCH_KEY) and c.get(PREFETCH_KEY))}
     need = host_adamw_bytes(shape, rank0_owner=owner, master_on_host=on_host, **options)
     gib = {k: v / 2**30 for k, v in need.items()}
     total = sum(gib.values())

@@ -46,7 +46,8 @@ LEVERS = (Lever("attn_implementation", "varlen_attention", lambda v: v == "rlkit
                 f"e.g. 0.2 (any value but verl's {VERL_REPLAY_POLL_S:g} s)"),
           Lever("rmsnorm", "compiled_rmsnorm", lambda v: v == "compiled", "compiled"),
           Lever("pointwise", "compiled_pointwise", lambda v: v == "compiled", "compiled"),
-          Lever("activation_checkpointing", "selective_checkpoint", lambda v: v == "selective", "selective"))
+          Lever("activation_checkpointing", "selective_checkpoint", lambda v: v == "selective", "selective"),
+          Lever("host_prefetch_grads", "grad_prefetch", bool, "true"))
 
 
 def _bad(key: str, why: str, fix: str) -> None:
@@ -81,6 +82,8 @@ class GRPORecipe:
     host_pin_memory: bool = True       # HostAdamW: pinned, reused staging buffers (seed Step 4); false: pageable
     host_rank0_owner: bool = False     # HostAdamW: rank 0 alone holds Adam state and broadcasts (seed Step 5)
     host_overlap_copies: bool = False  # HostAdamW: its copies on a side CUDA stream beside the host step (bit-identical)
+    host_prefetch_grads: bool = False  # HostAdamW: each final gradient to the host during the last backward, clipped
+                                       # there (bit-identical; adds the grad_prefetch patch; pinned host copy of every grad)
     gpu_memory_utilization: float = 0.85
     free_cache_engine: bool = True     # vLLM sleep mode between rollouts
     rollout_tp: int = 1
@@ -178,6 +181,15 @@ class GRPORecipe:
                      "the owner has no one to broadcast to) or host_overlap_copies: false")):
                 if wrong:
                     _bad(key, why, fix)
+        if self.host_prefetch_grads:
+            for key, wrong, why, fix in (
+                    ("optimizer", self.optimizer != "HostAdamW", "host_prefetch_grads is a HostAdamW option",
+                     "set optimizer: HostAdamW or host_prefetch_grads: false"),
+                    ("host_pin_memory", not self.host_pin_memory, "the prefetched copies need pinned host buffers "
+                     "(a copy to pageable memory is synchronous, so it would stall the backward, not overlap it)",
+                     "set host_pin_memory: true or host_prefetch_grads: false")):
+                if wrong:
+                    _bad(key, why, fix)
         if self.emulate_gpu_gib < 0:
             _bad("emulate_gpu_gib", f"{self.emulate_gpu_gib} is negative", "0 (off) or a card size in GiB, e.g. 47.4")
         if self.optimizer == "HostAdamW" and self.optimizer_offload:
@@ -206,7 +218,7 @@ class GRPORecipe:
         """Every patch the plugin applies: the arm's ``patches``, then those the workload levers imply
         (``attn_implementation: rlkit_varlen`` -> varlen_attention, ``logits: chunked`` -> chunked_logprobs,
         ``replay_poll_s`` other than verl's 2 s -> replay_poll, ``rmsnorm: compiled`` -> compiled_rmsnorm,
-        ``pointwise: compiled`` -> compiled_pointwise).
+        ``pointwise: compiled`` -> compiled_pointwise, ``host_prefetch_grads: true`` -> grad_prefetch).
         Arms replace ``patches`` wholesale; the levers are fields of their own, so a profile's workload
         keeps its kernels under every arm."""
         implied = [lever.patch for lever in LEVERS if lever.is_on(getattr(self, lever.field))]

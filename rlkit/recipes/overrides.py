@@ -76,7 +76,8 @@ def _actor(recipe: GRPORecipe) -> list[str]:
         f"{ARR}.actor.optim.optimizer={recipe.optimizer}",
         *([f"{ARR}.actor.optim.override_optimizer_config={{pin_memory:{_b(recipe.host_pin_memory).lower()},"
            f"rank0_owner:{_b(recipe.host_rank0_owner).lower()},"
-           f"overlap_copies:{_b(recipe.host_overlap_copies).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
+           f"overlap_copies:{_b(recipe.host_overlap_copies).lower()},"
+           f"prefetch_grads:{_b(recipe.host_prefetch_grads).lower()}}}"] if recipe.optimizer == "HostAdamW" else []),
         f"{ARR}.actor.fsdp_config.fsdp_size={recipe.fsdp_size}",
         f"{ARR}.actor.fsdp_config.param_offload={_b(recipe.param_offload)}",
         f"{ARR}.actor.fsdp_config.optimizer_offload={_b(recipe.optimizer_offload)}",

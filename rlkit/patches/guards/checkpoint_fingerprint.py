@@ -49,8 +49,8 @@ FORMAT = 1
 ALLOW_ENV = "RLKIT_ALLOW_CHECKPOINT_MISMATCH"
 # What must agree for a resume: the patches, the optimizer's class, the HostAdamW options that decide what each
 # rank's optimizer file holds or how the next steps compute, which ranks hold Adam state, the world size.
-# The other options (pin_memory, broadcast_device, host_threads, check_identical_grads, overlap_copies) are recorded
-# only: they change neither the state nor the numbers.
+# The other options (pin_memory, broadcast_device, host_threads, check_identical_grads, overlap_copies, prefetch_grads)
+# are recorded only: they change neither the state nor the numbers.
 HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite", "owners")
 # A checked option that older checkpoints did not record, at the only value it had then. (HostAdamW's node count with
 # owners="node" is recorded, not compared: a resume on another node count moves the owners, and the Adam-state ranks
