@@ -1,9 +1,8 @@
 """Named, reversible patches to PyTorch FSDP1 and verl.
 
-Every optimization in rlkit that changes third-party code is a :class:`Patch`: ``apply()`` is
-idempotent, ``revert()`` restores the original objects, both refuse to run outside the library
-versions the patch was written for, and the registry below tells a run which patches are active so
-that ``env.json`` can record them.
+Every optimization in rlkit that changes third-party code is a :class:`Patch`: ``apply()`` is idempotent, ``revert()``
+restores the original objects, both refuse to run outside the library versions the patch was written for, and the
+registry below tells a run which patches are active so that ``env.json`` can record them.
 
 A patch names the modules it modifies (``targets``). ``apply()`` applies it now, importing them;
 ``apply_when_imported()`` checks its versions now but applies it only once every target has been
