@@ -375,7 +375,10 @@ def _verl_compat_words() -> tuple[str, ...]:
     clean = m["ok"] and not any(m["regressions"].values()) and not any(c["failed"] + c["error"] for c in m["counts"].values())
     if not (same and clean):
         return ("<not every test passed in every mode>",)
-    return f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else "<a clean tree>"
+    sha = _json("outputs/verl_compat/cpu/env.json").get("git_sha") or ""
+    selected = _yaml("outputs/verl_compat/cpu/params.yaml")["modes"]["selected"]["RLKIT_PATCHES"].split(",")
+    return (f"{m['counts']['stock']['passed']} tests", "(dirty tree)" if _dirty("outputs/verl_compat/cpu") else f"({sha[:7]},",
+            *(f"`{name}`" for name in ("selective_checkpoint", "grad_prefetch") if name in selected))
 
 
 def _no_run_varies(field: str, off) -> bool:
