@@ -223,3 +223,48 @@ def test_a_resume_that_differs_in_one_checked_field_is_refused_naming_it(host_ad
         _resume(ckpt, change)
     differences = [line[4:] for line in str(refused.value).splitlines() if line.startswith("  - ")]
     assert differences == [expected]
+
+
+def _same_moments(resumed, saved) -> bool:
+    return bool(_moments(resumed)) and all(torch.equal(a, b) for a, b in zip(_moments(resumed), _moments(saved)))
+
+
+@pytest.mark.parametrize("neutral", ["replay_poll", "grad_prefetch"])
+def test_a_resume_may_turn_a_neutral_patch_on_or_off(host_adamw_checkpoint, neutral, monkeypatch):
+    """A patch that changes neither the checkpoint nor the numbers (RESUME_NEUTRAL_PATCHES) turned on for the resume, and
+    one the checkpoint's run had turned off: each resumes its Adam state; a non-neutral patch the same way is refused."""
+    from rlkit import patches
+    from rlkit.patches.guards.checkpoint_fingerprint import RESUME_NEUTRAL_PATCHES, CheckpointMismatchError
+
+    assert neutral in RESUME_NEUTRAL_PATCHES
+    ckpt, record, saved_optimizer = host_adamw_checkpoint
+    monkeypatch.setenv("RLKIT_REPLAY_POLL_S", "0.2")  # replay_poll's interval, as the recipe sets it
+    patch = patches.get(neutral)
+    patch.apply()
+    try:
+        assert _same_moments(_resume(ckpt, {}), saved_optimizer)  # on in this run only
+    finally:
+        patch.revert()
+    with open(record) as f:
+        fp = json.load(f)
+    for name in (neutral, "cast_once"):  # on in the checkpoint's run only
+        with open(record, "w") as f:
+            json.dump({**fp, "patches": [*fp["patches"], name]}, f)
+        if name == neutral:
+            assert _same_moments(_resume(ckpt, {}), saved_optimizer)
+        else:
+            with pytest.raises(CheckpointMismatchError, match="patch cast_once: active in the run that wrote"):
+                _resume(ckpt, {})
+
+
+def test_without_the_guard_a_neutral_patch_still_counts():
+    """The trip-wire's side (an unpatched process): the optimizer is not in sight there, so a checkpoint whose only
+    patch is neutral is still refused, lest a HostAdamW checkpoint load into torch's AdamW."""
+    from rlkit.patches.guards import checkpoint_fingerprint as guard
+
+    saved = {"patches": ["replay_poll"], "world_size": 1, "global_step": 2}
+    current = {"patches": [], "world_size": 1, "contents": {"load": []}}
+    assert guard.mismatches(saved, current) == []  # the guarded side lets it differ
+    assert not guard.PATCH.active() and guard.selected_patches() == []  # this process: unpatched, no guard
+    with pytest.raises(guard.CheckpointMismatchError, match="patch replay_poll: active in the run that wrote"):
+        guard._opened(saved, {"state": {}, "param_groups": []})  # what unpickling the optimizer file calls

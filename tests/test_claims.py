@@ -476,8 +476,13 @@ LAB_NOTES = [
               "MiB", C5,
            _session_readme(11)),
 ]
-S23 = _session_readme(23)
+S23, S24 = _session_readme(23), _session_readme(24)
 LAB_NOTES += [
+    _quote(L, "No machine, the prefetch and the decode roofline on the CPU (session 24)", S24),
+    _quote(L, "Session 24 began with 119 s of device time, too little to start a machine", S24),
+    (L, "bit-identical to the serial step on two gloo ranks through verl's `optimizer_step`", _by_test(
+        "bit-identical", "tests/test_grad_prefetch.py::"
+        "test_prefetch_on_two_gloo_ranks_with_accumulation_clipping_and_a_non_finite_step_is_bit_identical")),
     _quote(L, "Selective checkpointing profiled on an H100 (session 23)", S23),
     _quote(L, "old_log_prob's miss named on the CPU, no machine (session 22)", "outputs/06_util_sweep/COMMAND.txt"),
     _quote(L, "No call of session 22 got a machine", "outputs/06_util_sweep/COMMAND.txt"),

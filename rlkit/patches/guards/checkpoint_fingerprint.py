@@ -56,6 +56,10 @@ HOST_ADAMW_CHECKED = ("rank0_owner", "impl", "skip_nonfinite", "owners")
 # owners="node" is recorded, not compared: a resume on another node count moves the owners, and the Adam-state ranks
 # or the world size name that.)
 HOST_ADAMW_DEFAULTS = {"owners": "group"}
+# Patches a guarded resume may turn on or off: they change neither what a checkpoint holds nor the numbers of the
+# steps after it (replay_poll hands on the same batch, only sooner; grad_prefetch's step is bit-identical to the serial
+# one, tests/test_grad_prefetch.py). They are still recorded.
+RESUME_NEUTRAL_PATCHES = ("replay_poll", "grad_prefetch")
 CHECKED = ("patches", "optimizer", *(f"HostAdamW {o}" for o in HOST_ADAMW_CHECKED), "adam_state_ranks", "world_size")
 _VERSIONED = ("torch", "verl", "transformers", "rlkit")
 
@@ -138,8 +142,9 @@ def is_unpatched(fp: dict) -> bool:
     return not fp["patches"] and not str(fp["optimizer"].get("class") or "").startswith("rlkit.")
 
 
-def mismatches(saved: dict | None, current: dict) -> list[str]:
-    """The differences in :data:`CHECKED` between a checkpoint's fingerprint and this run's, as sentences."""
+def mismatches(saved: dict | None, current: dict, *, neutral_may_differ: bool = True) -> list[str]:
+    """The differences in :data:`CHECKED` between a checkpoint's fingerprint and this run's, as sentences; a patch of
+    :data:`RESUME_NEUTRAL_PATCHES` on one side only is not one unless ``neutral_may_differ`` is False."""
     if saved is None:
         if is_unpatched(current):
             return []
@@ -147,7 +152,9 @@ def mismatches(saved: dict | None, current: dict) -> list[str]:
                  f"(stock verl, or an rlkit before it), and this run has patches {current['patches']} and optimizer "
                  f"{current['optimizer']['class']}")]
     found = []
-    old, new = list(saved.get("patches") or []), current["patches"]
+    ignored = RESUME_NEUTRAL_PATCHES if neutral_may_differ else ()
+    old = [n for n in saved.get("patches") or [] if n not in ignored]
+    new = [n for n in current["patches"] if n not in ignored]
     for name in old:
         if name not in new:
             found.append(f"patch {name}: active in the run that wrote the checkpoint, not in this run")
@@ -271,14 +278,16 @@ class _Tripwire(dict):
 def _opened(saved: dict, state: dict) -> dict:
     """verl read a patched run's optimizer file: hand it the state dict where the guard is active (it compared
     ``rlkit_patches.json`` with this run before verl opened a file); elsewhere this process has no patch selected,
-    which differs from the checkpoint's patches, so it is refused (or allowed, printed, with the override)."""
+    which differs from the checkpoint's patches, so it is refused (or allowed, printed, with the override). A neutral
+    patch counts here: without the guard the optimizer is not in sight, and a checkpoint of HostAdamW with only
+    neutral patches must not load into torch's AdamW."""
     if PATCH.active():
         return state
     current = {"patches": selected_patches(), "optimizer": {"class": None, "options": {}},
                "adam_state_ranks": saved.get("adam_state_ranks"), "world_size": saved.get("world_size"),
                "contents": {"load": []}}  # only the patches are known here: the optimizer is not in sight
     where = f"a checkpoint of global step {saved.get('global_step')}"
-    _refuse_or_allow(where, saved, mismatches(saved, current))
+    _refuse_or_allow(where, saved, mismatches(saved, current, neutral_may_differ=False))
     return state
 
 
