@@ -89,9 +89,8 @@ def decode_roofline(shape: ModelShape, *, sequences: int, prompt_tokens: float, 
               "compute_bound_s": 0.0, "steps": 0.0}
     for i in range(math.ceil(len(survival) / per_step)):
         alive = survival[math.floor(i * per_step)]  # P(d > i E) = P(d > floor(i E)) for whole d
-        done = 1.0 - alive
-        weights, kv, flops = _step_costs(shape, i, sequences * alive, 1.0 - done ** sequences, prompt_tokens, speculation,
-                                  dtype_bytes)
+        any_running = 1.0 - (1.0 - alive) ** sequences
+        weights, kv, flops = _step_costs(shape, i, sequences * alive, any_running, prompt_tokens, speculation, dtype_bytes)
         bandwidth_s, compute_s = (weights + kv) / hbm_bytes_per_s, flops / peak_flops
         totals["weight_bytes"] += weights
         totals["kv_bytes"] += kv
@@ -100,7 +99,7 @@ def decode_roofline(shape: ModelShape, *, sequences: int, prompt_tokens: float, 
         totals["compute_s"] += compute_s
         totals["limit_s"] += max(bandwidth_s, compute_s)
         totals["compute_bound_s"] += compute_s if compute_s > bandwidth_s else 0.0
-        totals["steps"] += 1.0 - done ** sequences
+        totals["steps"] += any_running
     return {"basis": "each decode step at max(bytes / HBM bandwidth, FLOPs / peak bf16 FLOP/s)",
             "draft_tokens": speculation.draft_tokens, "acceptance": speculation.acceptance,
             "tokens_per_step": per_step, **totals,

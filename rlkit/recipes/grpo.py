@@ -165,31 +165,31 @@ class GRPORecipe:
                 "(the masters it adopts) and HostAdamW (which steps them in place there)",
                 "set optimizer: HostAdamW, optimizer_offload: false and param_offload: true, or drop master_on_host")
 
+    def _pinned_copy_rules(self, option: str, pinned_why: str) -> list[tuple[str, bool, str, str]]:
+        """(key, wrong, why, fix) of a HostAdamW option whose copies overlap through pinned host memory."""
+        return [("optimizer", self.optimizer != "HostAdamW", f"{option} is a HostAdamW option",
+                 f"set optimizer: HostAdamW or {option}: false"),
+                ("host_pin_memory", not self.host_pin_memory, pinned_why, f"set host_pin_memory: true or {option}: false")]
+
     def _check_host_and_card(self) -> None:
         """HostAdamW's options fit together; the emulated card and the planner's card are sizes."""
         if self.optimizer != "HostAdamW" and self.host_rank0_owner:
             _bad("host_rank0_owner", "is a HostAdamW option but optimizer is AdamW", "set optimizer: HostAdamW or "
                 "host_rank0_owner: false")
+        rules = []
         if self.host_overlap_copies:
-            for key, wrong, why, fix in (
-                    ("optimizer", self.optimizer != "HostAdamW", "host_overlap_copies is a HostAdamW option",
-                     "set optimizer: HostAdamW or host_overlap_copies: false"),
-                    ("host_pin_memory", not self.host_pin_memory, "the overlapped copies need pinned staging "
-                     "(a pageable copy is synchronous)", "set host_pin_memory: true or host_overlap_copies: false"),
-                    ("host_rank0_owner", self.host_rank0_owner, "with a rank-0 owner each parameter's broadcast "
-                     "follows its step, so the copies would not overlap", "set host_rank0_owner: false (on one GPU "
-                     "the owner has no one to broadcast to) or host_overlap_copies: false")):
-                if wrong:
-                    _bad(key, why, fix)
+            rules += [*self._pinned_copy_rules("host_overlap_copies", "the overlapped copies need pinned staging "
+                                               "(a pageable copy is synchronous)"),
+                      ("host_rank0_owner", self.host_rank0_owner, "with a rank-0 owner each parameter's broadcast "
+                       "follows its step, so the copies would not overlap", "set host_rank0_owner: false (on one GPU "
+                       "the owner has no one to broadcast to) or host_overlap_copies: false")]
         if self.host_prefetch_grads:
-            for key, wrong, why, fix in (
-                    ("optimizer", self.optimizer != "HostAdamW", "host_prefetch_grads is a HostAdamW option",
-                     "set optimizer: HostAdamW or host_prefetch_grads: false"),
-                    ("host_pin_memory", not self.host_pin_memory, "the prefetched copies need pinned host buffers "
-                     "(a copy to pageable memory is synchronous, so it would stall the backward, not overlap it)",
-                     "set host_pin_memory: true or host_prefetch_grads: false")):
-                if wrong:
-                    _bad(key, why, fix)
+            rules += self._pinned_copy_rules("host_prefetch_grads", "the prefetched copies need pinned host buffers "
+                                             "(a copy to pageable memory is synchronous, so it would stall the backward, "
+                                             "not overlap it)")
+        for key, wrong, why, fix in rules:
+            if wrong:
+                _bad(key, why, fix)
         if self.emulate_gpu_gib < 0:
             _bad("emulate_gpu_gib", f"{self.emulate_gpu_gib} is negative", "0 (off) or a card size in GiB, e.g. 47.4")
         if self.optimizer == "HostAdamW" and self.optimizer_offload:
