@@ -16,6 +16,10 @@
 #   profile-levers    one update profiled with both levers (24)
 #   profile-sac       one update profiled with selective checkpointing of all 36 layers (the profile has the whole
 #                     H200): the recompute it removes at most, against profile-base of the same lease (42)
+#   profile-prefetch  one update profiled with HostAdamW's gradient prefetch: the optimizer's share of the update
+#                     against profile-base of the same lease (42)
+#   prefetch-test     the gradient prefetch on CUDA streams and pinned buffers through verl's optimizer_step against
+#                     the serial step, bit for bit, in deterministic mode (needs the bundle: verl) (42)
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
 #   kernels-liger     Qwen3's RMSNorm, rotary and SwiGLU at the seed's 24,576 tokens: eager, rlkit's compiled patches and
@@ -50,7 +54,7 @@
 #   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
 #   h200-1gpu-fast    arm 5 at that shape with the workload levers (remove-padding with rlkit_varlen, chunked log-probs,
 #                     24,576 tokens per micro-batch) and every lever of seed-levers (24)
-# usage: scripts/node_session.sh ROOT JOB...
+# usage: scripts/node_session.sh ROOT JOB...   (RLKIT_PROFILE_GPU=h100 names the profile-* folders h100-*, not h200-*)
 set -u
 root=${1:?give a results root}; shift
 [ $# -gt 0 ] || { echo "give one or more jobs (see the header of $0)" >&2; exit 2; }
@@ -63,21 +67,25 @@ arm_of() {  # the arm (rlkit.recipes.grpo.ARMS) a seed-arm<N> job runs
 
 set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
-  local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers
+  local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers gpu=${RLKIT_PROFILE_GPU:-h200}
   levers="$overlap -p rmsnorm=compiled -p pointwise=compiled"
   levers+=" -p replay_poll_s=0.2"
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
     learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
-    profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag h200-base) ;;
+    profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag "$gpu-base") ;;
     profile-overlap) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
-                          --tag h200-overlap) ;;
+                          --tag "$gpu-overlap") ;;
     profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
-                         -p rmsnorm=compiled -p pointwise=compiled --tag h200-levers) ;;
+                         -p rmsnorm=compiled -p pointwise=compiled --tag "$gpu-levers") ;;
     profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p selective_layers=36
-                      --tag h200-sac) ;;
+                      --tag "$gpu-sac") ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
-                           --tag h200-compiled) ;;
+                           --tag "$gpu-compiled") ;;
+    profile-prefetch) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p prefetch_grads=true
+                           --tag "$gpu-prefetch") ;;
+    prefetch-test) cmd=(env CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -m gpu -v -rA -p no:cacheprovider
+                        tests/test_grad_prefetch.py) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
     kernels-liger) cmd=(python3 -m rlkit.experiments.elementwise_kernels --profile h200 --out "$dir") ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;

@@ -51,14 +51,14 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 29
+    assert len(JOBS) == 31
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
     known = {"learning": _fields(learning.Config),
              **{job: _fields(update_profile.Config) for job in JOBS if job.startswith("profile-")},
-             **dict.fromkeys(("resume-test", "gqa-test"), {"no:cacheprovider"})}  # pytest's -p: a plugin, not a parameter
+             **dict.fromkeys(("resume-test", "gqa-test", "prefetch-test"), {"no:cacheprovider"})}  # pytest's -p: a plugin, not a parameter
     for job, command in commands.items():
         words = shlex.split(command)
         scripts = [w for w in words if w.startswith("scripts/")]
@@ -75,6 +75,8 @@ def test_every_job_names_what_exists(tmp_path):
         assert all(importlib.util.find_spec(m) for m in modules), f"{job}: {modules}"
     assert _params(shlex.split(commands["seed-sac"])) == ["activation_checkpointing"]
     assert _params(shlex.split(commands["profile-sac"])) == ["selective_layers"]
+    assert _params(shlex.split(commands["profile-prefetch"])) == ["prefetch_grads"]
+    assert "tests/test_grad_prefetch.py" in commands["prefetch-test"] and "-m gpu" in commands["prefetch-test"]
     assert _params(shlex.split(commands["seed-util"])) == ["gpu_memory_utilization"]
     assert "rlkit.experiments.elementwise_kernels" in commands["kernels-liger"]
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]

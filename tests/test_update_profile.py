@@ -150,6 +150,23 @@ def test_selective_checkpointing_profiles_the_same_update(tmp_path):
         assert sac["timing"]["profiled"][key] == full["timing"]["profiled"][key]
 
 
+def test_gradient_prefetch_profiles_the_same_updates(tmp_path):
+    """HostAdamW's gradient prefetch in the tiny profile: every gradient of the last step came from its prefetched
+    copy, and the warm-up, timed and profiled updates report the serial run's loss and gradient norm bit for bit
+    (each update starts from the weights the one before stepped to), the patch active for the run and reverted after."""
+    from rlkit.patches.fsdp import grad_prefetch
+
+    _, serial = _run(tmp_path, tag="serial")
+    _, prefetched = _run(tmp_path, "prefetch_grads=true", tag="prefetch")
+    assert "grad_prefetch" in prefetched["model"]["patches_active"] and not grad_prefetch.PATCH.active()
+    assert serial["model"]["grads_prefetched"] == 0 and prefetched["model"]["grads_prefetched"] == 3  # 2 layers + root
+
+    def updates(m):
+        t = m["timing"]
+        return [(u["loss"], u["grad_norm"]) for u in [*t["warmup"], *t["timed"], t["profiled"]]]
+    assert updates(prefetched) == updates(serial)
+
+
 def test_micro_batch_plan_keeps_verls_token_limit():
     cfg = P.build(U.Config, U.PROFILES["h200"])
     plan = V.micro_batch_plan(cfg)
@@ -183,6 +200,7 @@ def test_micro_batch_tensors_mask_the_response_labels():
     ({"micro_batch_fill": 1.5}, ["micro_batch_fill=1.5"]),
     ({"model": "qwen3-5b"}, ["model='qwen3-5b'"]),
     ({"selective_layers": 2, "gradient_checkpointing": False}, ["selective_layers=2", "gradient_checkpointing=true"]),
+    ({"prefetch_grads": True, "optimizer": "gpu_adamw"}, ["prefetch_grads=true", "Fix: -p optimizer=host_adamw"]),
 ])
 def test_bad_parameters_are_refused_naming_the_key(overrides, words):
     with pytest.raises(P.ParamError) as err:

@@ -230,9 +230,10 @@ def run_fwd_bwd(model, batch, micro_batches: int, timer, *, device=None) -> floa
 
 
 def make_optimizer(arm: str, params, *, lr: float, weight_decay: float, host_impl: str = "fused",
-                   check_identical_grads: bool = False, timer=None, overlap_copies: bool = False):
+                   check_identical_grads: bool = False, timer=None, overlap_copies: bool = False,
+                   prefetch_grads: bool = False):
     """The optimizer of ``arm``: torch AdamW as verl builds it (lr, weight_decay, betas), or HostAdamW
-    (``overlap_copies``: its copies beside the host step)."""
+    (``overlap_copies``: its copies beside the host step; ``prefetch_grads``: the gradients' copy beside backward)."""
     import torch
 
     from rlkit.optim import HostAdamW
@@ -248,7 +249,7 @@ def make_optimizer(arm: str, params, *, lr: float, weight_decay: float, host_imp
     # host_threads=0: the harness sets torch's thread count per arm itself (_update_phase_rank._threads).
     return HostAdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, impl=host_impl,
                      check_identical_grads=check_identical_grads, timer=timer, host_threads=0,
-                     overlap_copies=overlap_copies, **options)
+                     overlap_copies=overlap_copies, prefetch_grads=prefetch_grads, **options)
 
 
 def optimizer_step(optimizer, timer) -> None:

@@ -32,7 +32,8 @@ device (arm 5 parks it on the host, which adds one host-to-device cast per step)
 clipping, no step: fwd/bwd only), ``gpu_adamw`` (torch AdamW on the device as verl builds it) or ``host_adamw``
 (rlkit's HostAdamW with pinned staging, the seed's arms; needs an FSDP wrap). ``rmsnorm: compiled`` applies the
 ``compiled_rmsnorm`` patch (Qwen3's RMSNorm through torch.compile), ``pointwise: compiled`` the
-``compiled_pointwise`` patch (rotary and SwiGLU); the warm-up update compiles them.
+``compiled_pointwise`` patch (rotary and SwiGLU); the warm-up update compiles them. ``prefetch_grads`` applies the
+``grad_prefetch`` patch for HostAdamW's gradient prefetch (:mod:`rlkit.optim.prefetch`).
 
 Sequence: ``warmup_steps`` updates (kernels, allocator, HostAdamW's state), ``timed_steps`` updates without the
 profiler (wall time, the MFU's denominator), then one update under ``torch.profiler`` (CPU + CUDA activities,
@@ -74,6 +75,7 @@ class Config:
     wrap: str  # plain | fsdp | fsdp_cast_once (FSDP1 NO_SHARD, 1 rank, like verl's actor)
     optimizer: str  # none (fwd/bwd only) | gpu_adamw | host_adamw (HostAdamW, pinned; needs an fsdp wrap)
     overlap_copies: bool  # host_adamw: its copies on a side stream beside the host step (bit-identical)
+    prefetch_grads: bool  # host_adamw + the grad_prefetch patch: gradients to the host beside the last backward
     gradient_checkpointing: bool  # like verl's enable_gradient_checkpointing
     rmsnorm: str  # eager (transformers') | compiled (the compiled_rmsnorm patch: the same expression, torch.compile)
     pointwise: str  # eager | compiled (the compiled_pointwise patch: rotary and SwiGLU through torch.compile)
@@ -107,9 +109,10 @@ class Config:
         if self.selective_layers < 0 or (self.selective_layers and not self.gradient_checkpointing):
             raise P.ParamError(f"selective_layers={self.selective_layers}: a number of layers >= 0, with "
                                "gradient_checkpointing=true (selective checkpointing is a mode of it).")
-        if self.overlap_copies and self.optimizer != "host_adamw":
-            raise P.ParamError(f"overlap_copies=true is a HostAdamW option, but optimizer={self.optimizer!r}. Fix: "
-                               "-p optimizer=host_adamw, or -p overlap_copies=false.")
+        for key in ("overlap_copies", "prefetch_grads"):
+            if getattr(self, key) and self.optimizer != "host_adamw":
+                raise P.ParamError(f"{key}=true is a HostAdamW option, but optimizer={self.optimizer!r}. Fix: "
+                                   f"-p optimizer=host_adamw, or -p {key}=false.")
         for key in ("micro_batches", "max_tokens_per_micro_batch", "prompt_tokens", "response_cap", "chunk_rows",
                     "top_kernels", "top_gaps"):
             if getattr(self, key) < 1:
@@ -134,14 +137,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The seed's update on one H200: Qwen3-4B, 4 micro-batches of <= 24,576 tokens (about a third of a seed step's
     # ~11), the seed's arm-5 wrap and host optimizer (fp32 master kept on the device). ~1.5-2.5 min on the node.
     "h200": {"model": "qwen3-4b", "device": "cuda", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
+             "overlap_copies": False, "prefetch_grads": False,
+             "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
              "selective_layers": 0, "micro_batches": 4, "max_tokens_per_micro_batch": 24576,
              "micro_batch_fill": 0.95, "prompt_tokens": 100, "response_mean": 1200, "response_cap": 4096,
              "chunk_rows": 2048, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
              "trace_max_mib": 16.0, "seed": 0},
     # The same code path on a CPU in seconds (per-sequence SDPA instead of the varlen kernel, no CUDA events).
     "tiny": {"model": "tiny", "device": "cpu", "wrap": "fsdp_cast_once", "optimizer": "host_adamw",
-             "overlap_copies": False, "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
+             "overlap_copies": False, "prefetch_grads": False,
+             "gradient_checkpointing": True, "rmsnorm": "eager", "pointwise": "eager",
              "selective_layers": 0, "micro_batches": 2, "max_tokens_per_micro_batch": 256,
              "micro_batch_fill": 0.9, "prompt_tokens": 12, "response_mean": 40, "response_cap": 120,
              "chunk_rows": 64, "lr": 1e-6, "warmup_steps": 1, "timed_steps": 1, "top_kernels": 15, "top_gaps": 10,
@@ -226,6 +231,7 @@ def run(cfg: Config, out_dir: Path) -> dict[str, Any]:
             "model": {"preset": cfg.model, "params": models.count_parameters(module), "wrap": cfg.wrap,
                       "optimizer": cfg.optimizer, "compute_dtype": "bfloat16", "patches_active": active,
                       "copies_overlapped": getattr(optimizer, "last_step_overlapped", None),
+                      "grads_prefetched": getattr(optimizer, "last_step_prefetched", None),
                       "attn_implementation": varlen_attention.NAME, "attention_calls": attention_calls,
                       "varlen_kernel": set(attention_calls) == {"kernel"}},
             "timing": {"warmup": steps["warmup"], "timed": steps["timed"], "profiled_s": profiled["seconds"],
@@ -259,7 +265,7 @@ def _revert(applied: list) -> None:
 def _patches_for(cfg: Config) -> list:
     """The patches the configuration asks for (varlen attention always); sets the selective layers' count as verl's
     processes get it from the recipe."""
-    from rlkit.patches.fsdp import cast_once
+    from rlkit.patches.fsdp import cast_once, grad_prefetch
     from rlkit.patches.kernels import compiled_pointwise, compiled_rmsnorm, varlen_attention
     from rlkit.patches.verl import selective_checkpoint
 
@@ -268,7 +274,8 @@ def _patches_for(cfg: Config) -> list:
     return ([varlen_attention.PATCH] + ([cast_once.PATCH] if cfg.wrap == "fsdp_cast_once" else [])
             + ([compiled_rmsnorm.PATCH] if cfg.rmsnorm == "compiled" else [])
             + ([compiled_pointwise.PATCH] if cfg.pointwise == "compiled" else [])
-            + ([selective_checkpoint.PATCH] if cfg.selective_layers else []))
+            + ([selective_checkpoint.PATCH] if cfg.selective_layers else [])
+            + ([grad_prefetch.PATCH] if cfg.prefetch_grads else []))
 
 
 def _unprofiled_updates(cfg: Config, update) -> dict[str, list[dict[str, Any]]]:

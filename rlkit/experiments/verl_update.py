@@ -158,7 +158,7 @@ def build(cfg, device):
         optimizer = U.make_optimizer("gpu_adamw", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
     else:
         optimizer = U.make_optimizer("host_pinned", params, lr=cfg.lr, weight_decay=WEIGHT_DECAY,
-                                     overlap_copies=cfg.overlap_copies)
+                                     overlap_copies=cfg.overlap_copies, prefetch_grads=cfg.prefetch_grads)
     return model, module, optimizer
 
 

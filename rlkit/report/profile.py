@@ -12,7 +12,8 @@ from rlkit.report.notebooks import run_commit
 
 # The update_profile fields that are the update's levers, each with its off value and what the table calls it on.
 LEVERS = {"overlap_copies": (False, "overlapped copies"), "rmsnorm": ("eager", "compiled RMSNorm"),
-          "pointwise": ("eager", "compiled rotary + SwiGLU"), "selective_layers": (0, "selective checkpointing")}
+          "pointwise": ("eager", "compiled rotary + SwiGLU"), "selective_layers": (0, "selective checkpointing"),
+          "prefetch_grads": (False, "gradient prefetch")}
 MFU_TARGET = 0.40  # issue 24: update_actor at least 40 % MFU
 COMPARED = ("entropy", "grad_norm")  # what each profile's first update reports, held against its base's
 
