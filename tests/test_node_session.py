@@ -51,7 +51,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 31
+    assert len(JOBS) == 32
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -85,6 +85,8 @@ def test_every_job_names_what_exists(tmp_path):
     assert _params(shlex.split(commands["seed-unfused"])) == ["logits", "expect_failure"]
     assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",
                                                               "pointwise", "replay_poll_s"]
+    assert _params(shlex.split(commands["seed-best"])) == [*_params(shlex.split(commands["seed-levers"])),
+                                                            "host_prefetch_grads", "gpu_memory_utilization"]
     assert _params(shlex.split(commands["h200-1gpu-fast"])) == ["attn_implementation", "use_remove_padding", "logits",
                                                                  "ppo_max_token_len_per_gpu", *_params(
                                                                      shlex.split(commands["seed-levers"]))]
