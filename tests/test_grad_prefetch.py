@@ -135,9 +135,9 @@ def test_prefetch_on_the_gpu_is_bit_identical(overlap_copies):
     determinism.enable(0)
     U.init_distributed("cuda")
     try:
-        ref, again = train(False, device="cuda"), train(False, device="cuda")
+        ref, again = train(False, device="cuda:0"), train(False, device="cuda:0")
         assert_bit_identical(again, ref)
-        got = train(True, device="cuda", overlap_copies=overlap_copies)
+        got = train(True, device="cuda:0", overlap_copies=overlap_copies)
     finally:
         dist.destroy_process_group()
         torch.use_deterministic_algorithms(False)
