@@ -18,8 +18,9 @@
 #                     H200): the recompute it removes at most, against profile-base of the same lease (42)
 #   profile-prefetch  one update profiled with HostAdamW's gradient prefetch: the optimizer's share of the update
 #                     against profile-base of the same lease (42)
-#   prefetch-test     the gradient prefetch on CUDA streams and pinned buffers through verl's optimizer_step against
-#                     the serial step, bit for bit, in deterministic mode (needs the bundle: verl) (42)
+#   profile-best      profile-levers with the gradient prefetch: the prefetch on top of the other levers (42)
+#   prefetch-test     the gradient prefetch on CUDA streams and pinned buffers, in verl's optimizer_step sequence, against
+#                     the serial step, bit for bit, in deterministic mode (no verl needed) (42)
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
 #   kernels-liger     Qwen3's RMSNorm, rotary and SwiGLU at the seed's 24,576 tokens: eager, rlkit's compiled patches and
@@ -87,8 +88,10 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                            --tag "$gpu-compiled") ;;
     profile-prefetch) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p prefetch_grads=true
                            --tag "$gpu-prefetch") ;;
+    profile-best) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
+                       -p rmsnorm=compiled -p pointwise=compiled -p prefetch_grads=true --tag "$gpu-best") ;;
     prefetch-test) cmd=(env CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -m gpu -v -rA -p no:cacheprovider
-                        tests/test_grad_prefetch.py) ;;
+                        tests/test_grad_prefetch_gpu.py) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;
     kernels-liger) cmd=(python3 -m rlkit.experiments.elementwise_kernels --profile h200 --out "$dir") ;;
     vllm-ceiling) cmd=(scripts/node_vllm_ceiling.sh "$dir" h200-seed) ;;

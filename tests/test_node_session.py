@@ -51,7 +51,7 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 32
+    assert len(JOBS) == 33
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
@@ -76,7 +76,9 @@ def test_every_job_names_what_exists(tmp_path):
     assert _params(shlex.split(commands["seed-sac"])) == ["activation_checkpointing"]
     assert _params(shlex.split(commands["profile-sac"])) == ["selective_layers"]
     assert _params(shlex.split(commands["profile-prefetch"])) == ["prefetch_grads"]
-    assert "tests/test_grad_prefetch.py" in commands["prefetch-test"] and "-m gpu" in commands["prefetch-test"]
+    assert _params(shlex.split(commands["profile-best"])) == [*_params(shlex.split(commands["profile-levers"])),
+                                                               "prefetch_grads"]
+    assert "tests/test_grad_prefetch_gpu.py" in commands["prefetch-test"] and "-m gpu" in commands["prefetch-test"]
     assert _params(shlex.split(commands["seed-util"])) == ["gpu_memory_utilization"]
     assert "rlkit.experiments.elementwise_kernels" in commands["kernels-liger"]
     assert _params(shlex.split(commands["seed-overlap"])) == ["host_rank0_owner", "host_overlap_copies"]
