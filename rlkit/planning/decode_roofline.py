@@ -104,3 +104,30 @@ def decode_roofline(shape: ModelShape, *, sequences: int, prompt_tokens: float, 
             "draft_tokens": speculation.draft_tokens, "acceptance": speculation.acceptance,
             "tokens_per_step": per_step, **totals,
             "compute_bound_share": totals["compute_bound_s"] / totals["limit_s"] if totals["limit_s"] else 0.0}
+
+
+VLLM_BLOCK_TOKENS = 16  # vLLM's default KV-cache block size (CacheConfig block_size on CUDA); it allocates whole blocks
+
+
+def kv_demand(*, sequences: int, prompt_tokens: float, response_pmf: Mapping[int, float],
+              block_tokens: int = VLLM_BLOCK_TOKENS, sigmas: float = 4.0) -> dict[str, Any]:
+    """The KV-cache tokens one wave of ``sequences`` responses (lengths ``response_pmf``) holds while it decodes: at the
+    step where the expected holding plus ``sigmas`` standard deviations is largest, that step, the expected holding,
+    its standard deviation and the sum (``upper``).
+
+    At decode step i a running sequence holds its prompt + 1 + i tokens, rounded up to whole blocks of
+    ``block_tokens`` (h_i tokens); a finished one has freed its blocks. It still runs with chance s_i
+    (:func:`_survival`), and the sequences are independent: the batch holds n h_i s_i tokens in expectation with
+    variance n h_i^2 s_i (1 - s_i). ``prompt_tokens`` is the batch's mean prompt, each sequence's own prompt blocks are
+    counted, and the prefix cache's sharing of a group's prompt is ignored, so this is an upper bound on the demand."""
+    if sequences < 1 or block_tokens < 1:
+        raise ValueError(f"sequences={sequences}, block_tokens={block_tokens}: both must be >= 1")
+    peak = {"step": 0, "mean_tokens": 0.0, "sigma_tokens": 0.0, "upper_tokens": 0.0}
+    for i, running in enumerate(_survival(response_pmf)):
+        held = math.ceil((prompt_tokens + 1 + i) / block_tokens) * block_tokens
+        mean, sigma = sequences * held * running, held * math.sqrt(sequences * running * (1.0 - running))
+        if mean + sigmas * sigma > peak["upper_tokens"]:
+            peak = {"step": i, "mean_tokens": mean, "sigma_tokens": sigma, "upper_tokens": mean + sigmas * sigma}
+    return {"basis": f"expected KV tokens held plus {sigmas:g} sigma, each running sequence in whole "
+                     f"{block_tokens}-token blocks, no prefix sharing (an upper bound)",
+            "sequences": sequences, "block_tokens": block_tokens, "sigmas": sigmas, **peak}
