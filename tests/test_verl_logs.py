@@ -47,3 +47,45 @@ def test_file_records_merge_like_the_console(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in (
         {"step": 2, "data": {"a": 1}}, {"step": 1, "data": {"a": 0}}, {"step": 2, "data": {"b": 2}})) + "\n")
     assert verl_logs.read_file_metrics(path) == [{"step": 1, "a": 0}, {"step": 2, "a": 1, "b": 2}]
+
+
+# Session 21's verl.log (outputs/05_grpo_qwen3_4b/h200-seed-5-master-on-host-cast-once.session21/, lines 1034-1070),
+# some option pairs left out, with another process's line interleaved: the ``vllm serve`` list verl pprints.
+_SERVE_LINES = [
+    "['serve',",
+    " '/tmp/arc/data/generated/models/qwen3-4b-random-seed0-len1400',",
+    " '--dtype',",
+    " 'bfloat16',",
+    " '--max_num_seqs',",
+    " '256',",
+    " '--enable_chunked_prefill',",
+    " '--max_num_batched_tokens',",
+    " '8192',",
+    " '--enable_prefix_caching',",
+    " '--enable_sleep_mode',",
+    " '--gpu_memory_utilization',",
+    " '0.85',",
+    " '--override_generation_config',",
+    " '{\"temperature\": 1.0, \"top_k\": -1, \"top_p\": 1, \"repetition_penalty\": 1.0, '",
+    " '\"max_new_tokens\": 4096}',",
+    " '--compilation_config',",
+    " '{\"cudagraph_mode\": \"FULL_AND_PIECEWISE\"}']",
+]
+
+
+def test_the_engine_options_verl_started_vllm_with_are_read_from_the_printed_list():
+    lines = [f"\x1b[36m(vLLMHttpServer pid=3052)\x1b[0m {line}" for line in _SERVE_LINES]
+    lines.insert(3, "\x1b[36m(WorkerDict pid=2671)\x1b[0m ['not', 'this']")
+    (engine,) = verl_logs.parse_vllm_serve_args("\n".join(["(TaskRunnerV1 pid=2206) 'max_num_seqs': 1024,", *lines]))
+    assert engine["model"].endswith("qwen3-4b-random-seed0-len1400") and engine["dtype"] == "bfloat16"
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["gpu_memory_utilization"]) == (256, 8192, 0.85)
+    assert engine["enable_chunked_prefill"] is True and engine["enable_prefix_caching"] is True
+    assert engine["override_generation_config"].endswith('"max_new_tokens": 4096}')
+    assert engine["compilation_config"] == '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'
+
+
+def test_serve_args_turn_negated_flags_false_and_repeated_values_into_lists():
+    text = "(vLLMHttpServer pid=1) ['serve', 'm', '--no-enable-prefix-caching', '--cudagraph_capture_sizes', '1', '2']"
+    assert verl_logs.parse_vllm_serve_args(text) == [{"model": "m", "enable_prefix_caching": False,
+                                                      "cudagraph_capture_sizes": [1, 2]}]
+    assert verl_logs.parse_vllm_serve_args("no list here") == []
