@@ -6,6 +6,7 @@ from conftest import committed_run
 from rlkit.core import params as P
 from rlkit.core.results import OUTPUTS_DIR
 from rlkit.experiments import speculative_bound as SB
+from rlkit.experiments._committed_decode import RUNS_OF
 
 
 def _cfg(**overrides):
@@ -13,7 +14,7 @@ def _cfg(**overrides):
 
 
 def test_rows_cover_the_grid_and_more_acceptance_never_slows_the_bound():
-    committed_run(OUTPUTS_DIR / SB.RUNS_OF / SB.PROFILES["h200-seed"]["run"])
+    committed_run(OUTPUTS_DIR / RUNS_OF / SB.PROFILES["h200-seed"]["run"])
     m = SB.run(_cfg())
     grid = [(k, a) for k in SB.PROFILES["h200-seed"]["draft_tokens"] for a in SB.PROFILES["h200-seed"]["acceptance"]]
     assert [(r["draft_tokens"], r["acceptance"]) for r in m["speculative"]] == grid
@@ -31,7 +32,7 @@ def test_its_bandwidth_only_bound_is_the_one_the_run_limits_report():
     from rlkit.core.results import read_metrics
     from rlkit.experiments.estimates import phase_limits
 
-    folder = committed_run(OUTPUTS_DIR / SB.RUNS_OF / SB.PROFILES["h200-seed"]["run"])
+    folder = committed_run(OUTPUTS_DIR / RUNS_OF / SB.PROFILES["h200-seed"]["run"])
     limits = phase_limits(read_metrics(folder), gpu_name(read_saved(folder)))
     assert SB.run(_cfg())["bandwidth_only"]["limit_s"] == pytest.approx(limits["phases"]["gen"]["hbm_bound"]["limit_s"])
 
@@ -44,6 +45,6 @@ def test_bad_parameters_name_the_key_and_the_fix(overrides, key):
 
 
 def test_a_run_without_trained_steps_is_refused():
-    stock = committed_run(OUTPUTS_DIR / SB.RUNS_OF / "h200-seed-0-stock.session21")  # vLLM refused to start
+    stock = committed_run(OUTPUTS_DIR / RUNS_OF / "h200-seed-0-stock.session21")  # vLLM refused to start
     with pytest.raises(P.ParamError, match="needs trained steps"):
         SB.run(_cfg(run=stock.name))

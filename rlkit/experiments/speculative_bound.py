@@ -13,15 +13,14 @@ lengths are the run's: the synthetic length model's where the recipe has one (th
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from rlkit.core import params as P
 from rlkit.core.results import OUTPUTS_DIR
+from rlkit.experiments._committed_decode import run_folder
 
 NOTEBOOK = "speculative_bound"
-RUNS_OF = "05_grpo_qwen3_4b"
 
 
 @dataclass(frozen=True)
@@ -31,10 +30,7 @@ class Config:
     acceptance: tuple[float, ...]  # each draft token's chance to be kept given the ones before it, in [0, 1]
 
     def __post_init__(self):
-        folder = OUTPUTS_DIR / RUNS_OF / self.run
-        if not (folder / "metrics.json").exists() or not (folder / "env.json").exists():
-            raise P.ParamError(f"run={self.run!r}: {folder} has no metrics.json and env.json. Fix: name a launched "
-                               f"run folder of outputs/{RUNS_OF}/ (ls outputs/{RUNS_OF}).")
+        run_folder(self.run)
         if not self.draft_tokens or min(self.draft_tokens) < 1:
             raise P.ParamError(f"draft_tokens={list(self.draft_tokens)}: list one or more counts >= 1.")
         if not self.acceptance or not all(0.0 <= a <= 1.0 for a in self.acceptance):
@@ -49,39 +45,12 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-def _workload(cfg: Config) -> dict[str, Any]:
-    """The run's decode work, GPU, limits and measured gen (means over steps 2..)."""
-    from rlkit.core.env import git_sha, gpu_name, read_saved
-    from rlkit.core.results import read_metrics
-    from rlkit.models import shape as model_shape
-    from rlkit.planning import roofline
-    from rlkit.verl.logs import averaged_steps
-
-    folder = OUTPUTS_DIR / RUNS_OF / cfg.run
-    metrics, env = read_metrics(folder), read_saved(folder)
-    gpu, window = gpu_name(env), averaged_steps(metrics.get("steps", []))
-    hbm, peak = roofline.hbm_bytes_per_s(gpu or ""), roofline.peak_bf16_flops(gpu or "")
-    if not window or hbm is None or peak is None:
-        raise P.ParamError(f"run={cfg.run!r}: needs trained steps and a GPU rlkit.planning.roofline knows (env.json "
-                           f"names {gpu!r}). Fix: name a launched GPU run.")
-    mean = {k: statistics.fmean(s[k] for s in window) for k in ("prompt_length/mean", "response_length/mean",
-                                                                 "timing_s/gen")}
-    recipe = metrics["recipe"]
-    shape = model_shape.resolve_model(recipe["model"] if metrics["model"].get("preset") else metrics["model"]["path"])
-    inputs = roofline.decode_inputs(recipe, {k: mean[k] for k in ("prompt_length/mean", "response_length/mean")})
-    if inputs["sequences"] > inputs["max_num_seqs"]:
-        raise P.ParamError(f"run={cfg.run!r}: {inputs['sequences']} sequences per replica exceed max_num_seqs "
-                           f"{inputs['max_num_seqs']}; the decode roofline models one wave. Fix: name another run.")
-    return {"folder": folder, "commit": (env or {}).get("git_sha"), "analysed_at": git_sha(), "gpu": gpu,
-            "hbm": hbm, "peak": peak, "shape": shape, "inputs": inputs, "mean": mean,
-            "synthetic_lengths": bool(recipe.get("response_length_mean"))}
-
-
 def run(cfg: Config) -> dict[str, Any]:
+    from rlkit.experiments._committed_decode import decode_workload, lengths_basis
     from rlkit.planning import roofline
     from rlkit.planning.decode_roofline import NO_SPECULATION, Speculation, decode_roofline
 
-    work = _workload(cfg)
+    work = decode_workload(cfg.run)
     inputs, shape = work["inputs"], work["shape"]
     pmf = inputs["response_pmf"]
 
@@ -98,8 +67,7 @@ def run(cfg: Config) -> dict[str, Any]:
     return {"run": str(work["folder"].relative_to(OUTPUTS_DIR.parent)), "run_commit": work["commit"],
             "analysed_at": work["analysed_at"], "gpu": work["gpu"], "hbm_source": work["hbm"][1],
             "peak_source": work["peak"][1], "model": shape.name,
-            "lengths": ("synthetic length model (the run's random-init model)" if work["synthetic_lengths"]
-                        else "every response at the run's measured mean"),
+            "lengths": lengths_basis(work),
             "sequences": inputs["sequences"], "prompt_tokens": inputs["prompt_tokens"],
             "response_mean": sum(r * p for r, p in pmf.items()), "response_max": max(pmf),
             "measured_gen_s": work["mean"]["timing_s/gen"],
