@@ -142,6 +142,9 @@ def _claims_08(m):
     assert m["speculative"]  # outputs/speculative_bound/ is committed: what speculation could give gen
     for s in m["speculative"]:
         assert s["bound_s"] < s["measured_gen_s"] and all(r["speedup_of_bound"] > 1 for r in s["rows"])
+    assert m["engine_settings"]  # outputs/engine_settings/ is committed: whether vLLM's settings could move gen
+    for e in m["engine_settings"]:
+        assert e["bound_s"] < e["measured_gen_s"] and 0 < e["prefix_cache_share"] < e["prefill_share"] < 1
 
 
 # What each notebook claims, checked on its tiny-profile run: status, parity 0.0 where the claim is bit-exactness.

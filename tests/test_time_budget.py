@@ -52,3 +52,24 @@ def test_the_findings_give_each_speculative_bound_from_its_committed_folder():
         line = next(x for x in text.splitlines() if f"outputs/{T.SPECULATIVE}/{folder.name})" in x)
         assert f"bound at {m['no_speculation']['limit_s']:.1f} s" in line and f"{m['measured_gen_s']:.1f} s measured" in line
         assert f"falls {min(ups):.2f}x to {max(ups):.2f}x" in line and "No acceptance is measured" in line
+
+
+def test_the_findings_give_each_engine_settings_folder_from_its_committed_metrics():
+    """Each committed outputs/engine_settings/<tag>/ is one line: the KV demand against the pool, max_num_seqs against
+    the sequences, the prefill's share of gen and the decode bound, read from that folder's metrics.json."""
+    import json
+
+    from rlkit.core.results import OUTPUTS_DIR, committed_runs
+
+    folders = committed_runs(OUTPUTS_DIR / T.ENGINE_SETTINGS)
+    metrics = T.run(T.Config())
+    assert [e["tag"] for e in metrics["engine_settings"]] == [f.name for f in folders] and folders
+    text = T.describe(metrics)
+    for folder in folders:
+        m = json.loads((folder / "metrics.json").read_text())
+        pool, seqs, chunked, _ = m["settings"]
+        line = next(x for x in text.splitlines() if f"outputs/{T.ENGINE_SETTINGS}/{folder.name})" in x)
+        assert f"at most {pool['demand']['upper_tokens']:,.0f} KV tokens" in line
+        assert f"{pool['pool_tokens']:,}-token pool" in line and f"max_num_seqs {seqs['run_value']} runs" in line
+        assert f"{chunked['share_of_gen']:.1%} of the measured {m['measured_gen_s']:.1f} s gen" in line
+        assert f"bandwidth bound is {m['decode_bound']['limit_s']:.1f} s" in line

@@ -4,7 +4,7 @@ The limits are :func:`rlkit.experiments.estimates.phase_limits` on the GPU each 
 model FLOPs at the GPU's dense bf16 peak (MFU), the host optimizer step and the weight sync at the node's pinned copy
 rate, gen against a standalone vLLM of the run's shape where one is committed and against the decode's memory-bandwidth
 bound; beside them, what speculative decoding could give gen (:mod:`rlkit.experiments.speculative_bound`'s committed
-folders, arithmetic). It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
+folders, arithmetic) and whether vLLM's engine settings could move it (:mod:`rlkit.experiments.engine_settings`'s). It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
 ``python -m rlkit.experiments.time_budget --profile tiny`` writes ``outputs/08_where_the_time_goes/<tag>/``.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rlkit.core.results import OUTPUTS_DIR, committed_runs
 NOTEBOOK = "08_where_the_time_goes"
 RUNS = "05_grpo_qwen3_4b"
 SPECULATIVE = "speculative_bound"
+ENGINE_SETTINGS = "engine_settings"
 # The phases held against a limit, in a step's order.
 PHASES = ("gen", "old_log_prob", "update_actor", "optimizer_step", "update_weights")
 
@@ -59,7 +60,8 @@ def run(cfg: Config) -> dict[str, Any]:
             if len(training_steps(metrics.get("steps", []))) >= cfg.min_steps:
                 rows.append(_run_row(folder, metrics))
     return {"config": asdict(cfg), "source": f"outputs/{RUNS}/<run>/metrics.json", "rows": rows,
-            "speculative": [_speculative(folder) for folder in committed_runs(OUTPUTS_DIR / SPECULATIVE)]}
+            "speculative": [_speculative(folder) for folder in committed_runs(OUTPUTS_DIR / SPECULATIVE)],
+            "engine_settings": [_engine_settings(folder) for folder in committed_runs(OUTPUTS_DIR / ENGINE_SETTINGS)]}
 
 
 def _speculative(folder) -> dict[str, Any]:
@@ -74,6 +76,21 @@ def _speculative(folder) -> dict[str, Any]:
             "compute_bound_share": plain["compute_bound_share"],
             "rows": [{k: r[k] for k in ("draft_tokens", "acceptance", "limit_s", "speedup_of_bound")}
                      for r in m["speculative"]]}
+
+
+def _engine_settings(folder) -> dict[str, Any]:
+    """One committed engine_settings folder, as notebook 08 shows it: the KV demand against the pool, max_num_seqs
+    against the sequences, the prefill's share of gen, and the decode bound beside the measured gen."""
+    from rlkit.core.results import read_metrics
+
+    m = read_metrics(folder)
+    pool, seqs, chunked, cached = m["settings"]
+    return {"tag": folder.name, "run": m["run"], "gpu": m["gpu"], "measured_gen_s": m["measured_gen_s"],
+            "bound_s": m["decode_bound"]["limit_s"], "pool_tokens": pool["pool_tokens"],
+            "demand_tokens": pool["demand"]["upper_tokens"], "sigmas": pool["demand"]["sigmas"],
+            "max_num_seqs": seqs["run_value"], "sequences": seqs["sequences"],
+            "sequences_may_wait": pool["sequences_may_wait"] or seqs["sequences_may_wait"],
+            "prefill_share": chunked["share_of_gen"], "prefix_cache_share": cached["share_of_gen"]}
 
 
 def largest_gap(row: dict[str, Any]) -> tuple[str, float] | None:
@@ -104,6 +121,7 @@ def describe(metrics: dict[str, Any]) -> str:
                      f"{_pct(r['gen_hbm_fraction'])} of its memory-bandwidth bound and {_pct(r.get('gen_fraction'))} of "
                      f"standalone vLLM, between phases {_pct(r['between_phases_share'])} of the step{where}.")
     lines += [_speculative_line(s) for s in metrics.get("speculative", [])]
+    lines += [_engine_settings_line(e) for e in metrics.get("engine_settings", [])]
     return "\n".join(lines)
 
 
@@ -115,6 +133,17 @@ def _speculative_line(s: dict[str, Any]) -> str:
             f"({_pct(s['compute_bound_share'])} of it by arithmetic, {_pct(s['kv_share'])} of the bytes KV cache) against "
             f"{s['measured_gen_s']:.1f} s measured; at acceptances {accept[0]:g} to {accept[-1]:g} the bound falls "
             f"{min(ups):.2f}x to {max(ups):.2f}x. No acceptance is measured: a random-init model accepts nothing.")
+
+
+def _engine_settings_line(e: dict[str, Any]) -> str:
+    verdict = ("some sequence may wait: a larger pool or max_num_seqs could add concurrency" if e["sequences_may_wait"]
+               else "neither a larger pool nor a higher max_num_seqs adds concurrency")
+    return (f"- vLLM engine settings, arithmetic ({e['run']} on {e['gpu']}, outputs/{ENGINE_SETTINGS}/{e['tag']}): the "
+            f"decoding wave holds at most {e['demand_tokens']:,.0f} KV tokens (mean + {e['sigmas']:g} sigma) of a "
+            f"{e['pool_tokens']:,}-token pool and max_num_seqs {e['max_num_seqs']} runs its {e['sequences']} sequences "
+            f"at once: {verdict}; the prefill's least time is {e['prefill_share']:.1%} of the measured "
+            f"{e['measured_gen_s']:.1f} s gen (prefix caching, on, saves at most {e['prefix_cache_share']:.1%}); the "
+            f"decode's bandwidth bound is {e['bound_s']:.1f} s of it.")
 
 
 def main(argv: list[str] | None = None) -> int:
