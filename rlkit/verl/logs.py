@@ -220,23 +220,18 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
     }
 
 
-# verl 0.9.1's vLLMHttpServer (verl/workers/rollout/vllm_rollout/vllm_async_server.py) pprints, on replica 0, the
-# ``vllm serve`` argument list it starts its engine with: ``["serve", model, "--key", "value", "--flag", ...]``
-# (utils.build_cli_args_from_config: True a bare ``--key``, False ``--no-key``, a list its items after the key), one
-# string a line behind the Ray prefix of that process.
-_RAY_PREFIX = re.compile(r"^\([^)]*pid=\d+[^)]*\)")
-_SERVE_LIST = "['serve',"
+_RAY_PREFIX_AND_BODY = re.compile(r"^(\([^)]*pid=\d+[^)]*\))?\s*(.*?)\s*$")
 
 
 def parse_vllm_serve_args(text: str) -> list[dict[str, Any]]:
-    """The ``vllm serve`` options verl started each printed engine with, in log order: {option: value}, option names
-    with underscores, numbers as numbers, a bare flag True, ``--no-flag`` False, several values a list, the model
-    path under ``model``. An option verl did not pass is absent (vLLM's default applies)."""
+    """The ``vllm serve`` options verl started each printed engine with, in log order (verl 0.9.1's vLLMHttpServer
+    pprints them on replica 0, a string a line: verl/workers/rollout/vllm_rollout/vllm_async_server.py): {option:
+    value}, option names with underscores, numbers as numbers, a bare ``--flag`` True, ``--no-flag`` False, several
+    values a list, the model path under ``model``. An option verl did not pass is absent (vLLM's default applies)."""
     engines, prefix, lines = [], None, []
     for line in _ANSI.sub("", text).splitlines():
-        match = _RAY_PREFIX.match(line)
-        line_prefix, body = (match.group(0), line[match.end():].strip()) if match else ("", line.strip())
-        if prefix is None and body.startswith(_SERVE_LIST):
+        line_prefix, body = _RAY_PREFIX_AND_BODY.match(line).groups("")
+        if prefix is None and body.startswith("['serve',"):
             prefix, lines = line_prefix, []
         if prefix is None or line_prefix != prefix:
             continue  # another process's line, interleaved
@@ -252,22 +247,15 @@ def parse_vllm_serve_args(text: str) -> list[dict[str, Any]]:
 
 
 def _serve_options(argv: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {"model": argv[1]}
-    key = None
+    given: dict[str, list] = {}  # each --option and the values after it
     for item in argv[2:]:
         if item.startswith("--"):
             key = item[2:].replace("-", "_")
-            negated = key.startswith("no_")
-            key = key.removeprefix("no_")
-            options[key] = not negated
-        elif key is not None:
-            value = _number(item)
-            options[key] = value if options[key] is True else [*_as_list(options[key]), value]
-    return options
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
+            given[key] = []
+        else:
+            given[key].append(_number(item))
+    flags = {k.removeprefix("no_"): not k.startswith("no_") for k, values in given.items() if not values}
+    return {"model": argv[1], **flags, **{k: v[0] if len(v) == 1 else v for k, v in given.items() if v}}
 
 
 def parse_verl_memory(text: str) -> list[dict[str, Any]]:
