@@ -601,6 +601,71 @@ CLAIMS += [  # docs/results.md: the seed rollout's decode roofline and what spec
 ]
 
 
+ENGINE_SETTINGS = "outputs/engine_settings"
+CLAIMS += [  # docs/results.md: which of vLLM's engine settings could move the seed rollout's gen
+    ("docs/results.md", "(`outputs/engine_settings/h200-seed/`, from the same session-18 run; `h100-seed/` reads "
+                        "session 21's)",
+     lambda: (f"session-{_run_session(_engine()['run'])} run", f"reads session {_run_session(_engine('h100-seed')['run'])}'s")
+     if _engine()["run"] == _spec()["run"] else False),
+    ("docs/results.md", "prefix caching and chunked prefill on, max_num_seqs 256, max_num_batched_tokens 8192, "
+                        "gpu_memory_utilization 0.85, and a KV pool of 230,944 tokens",
+     lambda: _engine_values(_engine()["engine"])),
+    ("docs/results.md", "the 256 sequences of the wave hold at most 189,163 KV tokens (137,622 expected plus 4 sigma of "
+                        "12,885, in whole 16-token blocks, each sequence's own prompt counted), 82% of the pool",
+     lambda: _kv_demand_words(_engine())),
+    ("docs/results.md", "no sequence waits for blocks, so a larger pool (a higher gpu_memory_utilization) cannot add "
+                        "concurrency, and max_num_seqs 256 already runs all 256 sequences in one wave",
+     lambda: (lambda pool, seqs: (f"max_num_seqs {seqs['run_value']} already runs all {seqs['sequences']} sequences",)
+              if not pool["sequences_may_wait"] and not seqs["sequences_may_wait"] else False)(
+                  *_engine()["settings"][:2])),
+    ("docs/results.md", "The prefill is 20,800 prompt tokens; at the dense bf16 peak it takes 0.17 s, 0.5% of the "
+                        "measured 36.8-s gen (under 5% even at a tenth of the peak)",
+     lambda: _prefill_words(_engine())),
+    ("docs/results.md", "prefix caching, on already, saves at most 7/8 of it",
+     lambda: (lambda c: (f"at most {c['rollout_n'] - 1}/{c['rollout_n']} of it",) if c["run_value"] else False)(
+         _setting(_engine(), "enable_prefix_caching"))),
+    ("docs/results.md", "on the H100 of session 21 the same prefill is 0.4% of a 44.8-s gen",
+     lambda: (lambda m, c: (f"session {_run_session(m['run'])}", f"{c['share_of_gen']:.1%} of a {m['measured_gen_s']:.1f}-s gen")
+              if m["gpu"].startswith("NVIDIA H100") and c["prefill_tokens"] == _setting(_engine(), c["setting"])[
+                  "prefill_tokens"] else False)(_engine("h100-seed"), _setting(_engine("h100-seed"), "enable_chunked_prefill"))),
+    ("docs/results.md", "the decode is bound by bandwidth at 19.9 s: none of these settings changes the bytes it reads",
+     lambda: (lambda d: (f"at {d['limit_s']:.1f} s",) if d["compute_bound_share"] == 0.0 else False)(
+         _engine()["decode_bound"])),
+]
+
+
+def _engine(tag: str = "h200-seed") -> dict:
+    return _json(f"{ENGINE_SETTINGS}/{tag}/metrics.json")
+
+
+def _setting(metrics: dict, name: str) -> dict:
+    return next(row for row in metrics["settings"] if row["setting"] == name)
+
+
+def _engine_values(e: dict) -> tuple[str, ...] | bool:
+    """The engine options as written, where prefix caching and chunked prefill were on."""
+    if not (e["enable_prefix_caching"] and e["enable_chunked_prefill"]):
+        return False
+    return (f"max_num_seqs {e['max_num_seqs']}", f"max_num_batched_tokens {e['max_num_batched_tokens']}",
+            f"gpu_memory_utilization {e['gpu_memory_utilization']:g}", f"KV pool of {e['kv_cache_tokens']:,} tokens")
+
+
+def _kv_demand_words(m: dict) -> tuple[str, ...]:
+    pool = _setting(m, "gpu_memory_utilization")
+    d = pool["demand"]
+    return (f"the {m['sequences']} sequences", f"at most {d['upper_tokens']:,.0f} KV tokens",
+            f"({d['mean_tokens']:,.0f} expected plus {d['sigmas']:g} sigma of {d['sigma_tokens']:,.0f}",
+            f"whole {d['block_tokens']}-token blocks", f"{pct(d['upper_tokens'] / pool['pool_tokens'])} of the pool")
+
+
+def _prefill_words(m: dict) -> tuple[str, ...] | bool:
+    """The prefill's tokens, its compute-bound least time and share of gen, and that ten times it stays under 5%."""
+    c = _setting(m, "enable_chunked_prefill")
+    if c["prefill_bound_s"] != c["prefill_compute_s"] or 10 * c["share_of_gen"] >= 0.05:
+        return False
+    return (f"{c['prefill_tokens']:,.0f} prompt tokens", f"takes {c['prefill_bound_s']:.2f} s",
+            f"{c['share_of_gen']:.1%} of the measured {m['measured_gen_s']:.1f}-s gen", "under 5% even at a tenth")
+
 def _run_session(run: str) -> str:
     """The device session a run folder's name ends with (``<arm>.session18``)."""
     return re.search(r"[.]session(\d+)$", run).group(1)
