@@ -36,6 +36,15 @@ PREFETCH_TEST = ("tests/test_grad_prefetch.py::"
 
 
 
+def _prefetch_on_the_gpu_words() -> tuple[str, ...]:
+    """The prefetch's GPU test: both cases passed in the committed log, on the GPU and at the commit its session's
+    record names."""
+    log, readme = "outputs/_node/session25/prefetch-test.log", _source_text("outputs/_node/session25/README.md")
+    assert _passed(log) == 2 and _log_passes(log, "tests/test_grad_prefetch_gpu.py::test_prefetch_on_the_gpu_is_bit_identical")
+    assert "got an NVIDIA H100 80GB HBM3" in readme and "RLKIT_GIT_SHA=6d24036" in readme
+    return ("passed on an NVIDIA H100 at 6d24036",)
+
+
 def _prefetch_grad_clip_words() -> str:
     """The grad_clip the prefetch's CPU test clips with, as patches.md writes it."""
     clip = re.search(r"^GRAD_CLIP = ([\d.]+)", _source_text(PREFETCH_TEST.split("::")[0]), re.MULTILINE)[1]
@@ -167,8 +176,15 @@ CLAIMS = [
      lambda: (_prefetch_grad_clip_words(), *_by_test("below 1 at every step", PREFETCH_TEST)())),
     ("docs/patches.md", "the prefetched and host-clipped step equals the serial HostAdamW step bit for bit",
      _by_test("bit for bit", PREFETCH_TEST)),
-    ("docs/patches.md", "The prefetch is not measured on a GPU yet",
-     _says("not measured on a GPU yet", lambda: _never_on_a_gpu("host_prefetch_grads", False))),
+    ("docs/patches.md", "The prefetch's speed is not measured yet",
+     _says("not measured yet", lambda: _never_on_a_gpu("host_prefetch_grads", False)
+           and _never_on_a_gpu("prefetch_grads", False))),
+    ("docs/patches.md", "It passed on an NVIDIA H100 at 6d24036 (`outputs/_node/session25/prefetch-test.log`)",
+     lambda: _prefetch_on_the_gpu_words()),
+    ("docs/patches.md", "The serial run first reproduces itself bit for bit",
+     _says("bit for bit", lambda: bool(_prefetch_on_the_gpu_words()))),
+    ("docs/patches.md", "Then the prefetched run equals it bit for bit, with and without the overlapped copies",
+     _says("bit for bit", lambda: bool(_prefetch_on_the_gpu_words()))),
     ("docs/patches.md", "ran on the H200 with one rank in device session 9 and passed",
      lambda: (f"with one rank in device session 9 and {_outcome(RESUME9)}",)
      if _passed(RESUME9) == 1 else False),
@@ -476,8 +492,14 @@ LAB_NOTES = [
               "MiB", C5,
            _session_readme(11)),
 ]
-S23, S24 = _session_readme(23), _session_readme(24)
+S23, S24, S25 = _session_readme(23), _session_readme(24), _session_readme(25)
 LAB_NOTES += [
+    _quote(L, "Ten calls without a machine, the prefetch's GPU test, the engine settings by arithmetic (session 25)", S25),
+    _quote(L, "Ten calls between them could start no machine, H100 or H200", S25),
+    (L, "HostAdamW's gradient prefetch passed its GPU test on the H100, bit for bit against the serial step",
+     _says("passed its GPU test on the H100, bit for bit", lambda: bool(_prefetch_on_the_gpu_words()))),
+    _quote(L, "takes 0.5% of gen at its bound on the H200 and 0.4% on the H100", "docs/results.md"),
+    _quote(L, "The next leases stand as in session 21's list", _session_readme(21)),
     _quote(L, "No machine, the prefetch and the decode roofline on the CPU (session 24)", S24),
     _quote(L, "Session 24 began with 119 s of device time, too little to start a machine", S24),
     (L, "bit-identical to the serial step on two gloo ranks through verl's `optimizer_step`", _by_test(
