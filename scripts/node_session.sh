@@ -72,6 +72,7 @@ arm_of() {  # the arm (rlkit.recipes.grpo.ARMS) a seed-arm<N> job runs
 set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
   local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers gpu=${RLKIT_PROFILE_GPU:-h200}
+  local profile_levers=(-p overlap_copies=true -p rmsnorm=compiled -p pointwise=compiled)  # the update profile's fields
   levers="$overlap -p rmsnorm=compiled -p pointwise=compiled"
   levers+=" -p replay_poll_s=0.2"
   case $job in
@@ -80,16 +81,16 @@ set_job() {  # cmd=(the command of job $2), its results under $1
     profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag "$gpu-base") ;;
     profile-overlap) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
                           --tag "$gpu-overlap") ;;
-    profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
-                         -p rmsnorm=compiled -p pointwise=compiled --tag "$gpu-levers") ;;
+    profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" "${profile_levers[@]}"
+                         --tag "$gpu-levers") ;;
     profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p selective_layers=36
                       --tag "$gpu-sac") ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag "$gpu-compiled") ;;
     profile-prefetch) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p prefetch_grads=true
                            --tag "$gpu-prefetch") ;;
-    profile-best) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
-                       -p rmsnorm=compiled -p pointwise=compiled -p prefetch_grads=true --tag "$gpu-best") ;;
+    profile-best) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" "${profile_levers[@]}"
+                       -p prefetch_grads=true --tag "$gpu-best") ;;
     prefetch-test) cmd=(env CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -m gpu -v -rA -p no:cacheprovider
                         tests/test_grad_prefetch_gpu.py) ;;
     gqa-test) cmd=(python3 -m pytest -m gpu -v -rA -s -p no:cacheprovider tests/test_varlen_attention.py -k gqa) ;;

@@ -35,21 +35,26 @@ def test_the_findings_name_each_run_and_its_largest_gap():
         assert f"the most time above a limit is {phase}'s, {seconds:.1f} s" in text
 
 
-def test_the_findings_give_each_speculative_bound_from_its_committed_folder():
-    """Each committed outputs/speculative_bound/<tag>/ is one line: its bound, its measured gen and the bound's range of
-    speed-ups, read from that folder's metrics.json."""
+def _committed_lines(notebook: str, key: str) -> list[tuple[dict, str]]:
+    """Each committed ``outputs/<notebook>/<tag>/`` folder's metrics and its findings line; the findings list the
+    folders under ``key`` in the order committed_runs gives them, and there is at least one."""
     import json
 
     from rlkit.core.results import OUTPUTS_DIR, committed_runs
 
-    folders = committed_runs(OUTPUTS_DIR / T.SPECULATIVE)
+    folders = committed_runs(OUTPUTS_DIR / notebook)
     metrics = T.run(T.Config())
-    assert [s["tag"] for s in metrics["speculative"]] == [f.name for f in folders] and folders
+    assert [row["tag"] for row in metrics[key]] == [f.name for f in folders] and folders
     text = T.describe(metrics)
-    for folder in folders:
-        m = json.loads((folder / "metrics.json").read_text())
+    return [(json.loads((folder / "metrics.json").read_text()),
+             next(x for x in text.splitlines() if f"outputs/{notebook}/{folder.name})" in x)) for folder in folders]
+
+
+def test_the_findings_give_each_speculative_bound_from_its_committed_folder():
+    """Each committed outputs/speculative_bound/<tag>/ is one line: its bound, its measured gen and the bound's range of
+    speed-ups, read from that folder's metrics.json."""
+    for m, line in _committed_lines(T.SPECULATIVE, "speculative"):
         ups = [r["speedup_of_bound"] for r in m["speculative"]]
-        line = next(x for x in text.splitlines() if f"outputs/{T.SPECULATIVE}/{folder.name})" in x)
         assert f"bound at {m['no_speculation']['limit_s']:.1f} s" in line and f"{m['measured_gen_s']:.1f} s measured" in line
         assert f"falls {min(ups):.2f}x to {max(ups):.2f}x" in line and "No acceptance is measured" in line
 
@@ -57,18 +62,8 @@ def test_the_findings_give_each_speculative_bound_from_its_committed_folder():
 def test_the_findings_give_each_engine_settings_folder_from_its_committed_metrics():
     """Each committed outputs/engine_settings/<tag>/ is one line: the KV demand against the pool, max_num_seqs against
     the sequences, the prefill's share of gen and the decode bound, read from that folder's metrics.json."""
-    import json
-
-    from rlkit.core.results import OUTPUTS_DIR, committed_runs
-
-    folders = committed_runs(OUTPUTS_DIR / T.ENGINE_SETTINGS)
-    metrics = T.run(T.Config())
-    assert [e["tag"] for e in metrics["engine_settings"]] == [f.name for f in folders] and folders
-    text = T.describe(metrics)
-    for folder in folders:
-        m = json.loads((folder / "metrics.json").read_text())
+    for m, line in _committed_lines(T.ENGINE_SETTINGS, "engine_settings"):
         pool, seqs, chunked, _ = m["settings"]
-        line = next(x for x in text.splitlines() if f"outputs/{T.ENGINE_SETTINGS}/{folder.name})" in x)
         assert f"at most {pool['demand']['upper_tokens']:,.0f} KV tokens" in line
         assert f"{pool['pool_tokens']:,}-token pool" in line and f"max_num_seqs {seqs['run_value']} runs" in line
         assert f"{chunked['share_of_gen']:.1%} of the measured {m['measured_gen_s']:.1f} s gen" in line

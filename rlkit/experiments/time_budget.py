@@ -4,7 +4,8 @@ The limits are :func:`rlkit.experiments.estimates.phase_limits` on the GPU each 
 model FLOPs at the GPU's dense bf16 peak (MFU), the host optimizer step and the weight sync at the node's pinned copy
 rate, gen against a standalone vLLM of the run's shape where one is committed and against the decode's memory-bandwidth
 bound; beside them, what speculative decoding could give gen (:mod:`rlkit.experiments.speculative_bound`'s committed
-folders, arithmetic) and whether vLLM's engine settings could move it (:mod:`rlkit.experiments.engine_settings`'s). It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
+folders, arithmetic) and whether vLLM's engine settings could move it (:mod:`rlkit.experiments.engine_settings`'s).
+It reads committed results only, so a laptop shows the same numbers as the GPU node; nothing runs.
 ``python -m rlkit.experiments.time_budget --profile tiny`` writes ``outputs/08_where_the_time_goes/<tag>/``.
 """
 from __future__ import annotations
