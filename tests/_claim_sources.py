@@ -93,6 +93,15 @@ def _wall(profile: str) -> float:
     return _profile(profile)["timing"]["timed"][0]["seconds"]
 
 
+def _session26_mean(value, *tags: str) -> float:
+    """The mean of ``value(profile)`` over session 26's profiles of ``tags`` (each folder is the tag + .session26)."""
+    return sum(value(f"{tag}.session26") for tag in tags) / len(tags)
+
+
+def _pass_seconds(name: str):
+    return lambda profile: _profile(profile)["summary"]["passes"][name]["ms"] / 1000
+
+
 def _idle_in_optimizer(profile: str) -> float:
     return _profile(profile)["summary"]["idle_gaps"]["by_region"]["optimizer_step"]["ms"] / 1000
 
@@ -388,6 +397,12 @@ def _no_run_varies(field: str, off) -> bool:
     recipes = [json.loads(f.read_text())["recipe"] for f in runs]
     on = [r for r in recipes if r.get(field, off) != off]
     return all(r.get("logits") == "chunked" and r.get("rmsnorm") == "compiled" for r in on)
+
+
+def _no_seed_run_with(field: str, off) -> bool:
+    """No committed notebook 05 run ran with ``field`` away from ``off``."""
+    runs = [p / "metrics.json" for p in (REPO_ROOT / ARMS).iterdir() if (p / "metrics.json").exists()]
+    return all(json.loads(f.read_text())["recipe"].get(field, off) == off for f in runs)
 
 
 def _never_on_a_gpu(field: str, off) -> bool:

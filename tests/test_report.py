@@ -240,27 +240,62 @@ def test_step_one_of_the_same_sample_is_compared_and_a_different_sample_is_not(t
     assert not [x for x in report_seed.seed_workload_section(root) if x.startswith(f"- `{variant}` against `{rerun}`")]
 
 
+def _write_profile(root, tag, commit, seconds, grad_scale=1.0, device=None, **config):
+    """A committed profile folder: the real h200 profile's metrics with ``config`` and the timed update changed."""
+    import json
+
+    m = json.loads((OUTPUTS_DIR / "update_profile" / "h200" / "metrics.json").read_text())
+    m["config"].update(config)
+    m["device"] = device or m["device"]
+    m["timing"]["timed"][0]["seconds"] = seconds
+    m["timing"]["warmup"][0]["grad_norm"] *= grad_scale
+    folder = root / "update_profile" / tag
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(m))
+    (folder / "env.json").write_text(json.dumps({"git_sha": commit * 40}))
+
+
+def test_profiles_of_another_card_or_without_the_optimizer_step_are_no_base_and_repeats_go_together(tmp_path):
+    """At one commit on two cards: each lever is held against the base of its own card; a forward-and-backward
+    profile (no optimizer step) is neither the fastest update nor another's base, and gets its own line; the runs of
+    one lever set go in one row, with their mean, spread and change against the base's mean."""
+    from rlkit.report import profile as report_profile
+
+    root = tmp_path / "outputs"
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    _write_profile(root, "h100-base", "c", 10.0, grad_scale=1.001, device=h100)
+    _write_profile(root, "h100-base2", "c", 10.2, grad_scale=1.001, device=h100)
+    _write_profile(root, "h100-levers", "c", 8.0, grad_scale=1.001, device=h100, overlap_copies=True)
+    _write_profile(root, "h100-levers2", "c", 8.4, grad_scale=1.001, device=h100, overlap_copies=True)
+    _write_profile(root, "h100-fwd-bwd", "c", 6.0, device=h100, optimizer="none")
+    _write_profile(root, "h200-base", "c", 9.0, device=h200)
+    _write_profile(root, "h200-levers", "c", 7.9, device=h200, overlap_copies=True)
+    lines = report_profile.update_profile_section(root)
+    text = "\n".join(lines)
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| h")}
+    assert rows["h200-levers"].endswith("| entropy identical, grad_norm identical |")  # against h200-base, not h100's
+    assert rows["h100-fwd-bwd"].endswith("| - |") and "| no optimizer step | 6.00 |" in rows["h100-fwd-bwd"]
+    assert "The fastest, h200-levers: 7.90 s (12% below h200-base's 9.00 s at the same commit)" in text
+    assert ("Forward and backward alone (no optimizer step), the fastest, h100-fwd-bwd (levers: none): 6.00 s, "
+            "22% MFU") in text
+    repeats = [line for line in lines if line.startswith("| ccccccc |")]
+    assert repeats == ["| ccccccc | NVIDIA H100 80GB HBM3 | none | 2 | 10.00, 10.20 | 10.10 | 0.20 | 22% | - |",
+                       "| ccccccc | NVIDIA H100 80GB HBM3 | no optimizer step | 1 | 6.00 | 6.00 | - | 22% | - |",
+                       "| ccccccc | NVIDIA H100 80GB HBM3 | overlapped copies | 2 | 8.00, 8.40 | 8.20 | 0.40 | 22% | -19% |"]
+    # the H200 ran each set once: no repeats there
+
+
 def test_profiles_go_side_by_side_against_the_base_of_their_commit(tmp_path):
     """Each lever's profile is held against the profile without levers of its commit and workload: its first update's
     entropy and gradient norm bit for bit or as a relative difference, beside the run-to-run difference of two
     profiles without levers; the fastest against its base and the 40% target; a profile of another commit has no
     base. Only the fastest and its base get the detailed block."""
-    import json
-
     from rlkit.report import profile as report_profile
 
-    source = OUTPUTS_DIR / "update_profile" / "h200"
     root = tmp_path / "outputs"
 
     def profile(tag, commit, seconds, grad_scale=1.0, **levers):
-        m = json.loads((source / "metrics.json").read_text())
-        m["config"].update(levers)
-        m["timing"]["timed"][0]["seconds"] = seconds
-        m["timing"]["warmup"][0]["grad_norm"] *= grad_scale
-        folder = root / "update_profile" / tag
-        folder.mkdir(parents=True)
-        (folder / "metrics.json").write_text(json.dumps(m))
-        (folder / "env.json").write_text(json.dumps({"git_sha": commit * 40}))
+        _write_profile(root, tag, commit, seconds, grad_scale, **levers)
 
     profile("h200", "a", 10.6, grad_scale=1.00002)
     profile("h200-base", "b", 10.0)

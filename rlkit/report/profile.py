@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from statistics import mean
 
 from rlkit.core.results import OUTPUTS_DIR, fmt, pct, run_folders
 from rlkit.report.notebooks import run_commit
@@ -37,16 +38,32 @@ def _same_workload(a: dict, b: dict) -> bool:
     return a["workload"]["tokens_per_micro_batch"] == b["workload"]["tokens_per_micro_batch"]
 
 
+def _optimizer(m: dict) -> str:
+    return m["config"].get("optimizer", "host_adamw")
+
+
+def _comparable(a: dict, b: dict) -> bool:
+    """The only pairs the report compares: one commit, one kind of card, one workload, one optimizer."""
+    return (a["commit"] == b["commit"] and a["device"] == b["device"] and _optimizer(a) == _optimizer(b)
+            and _same_workload(a, b))
+
+
+def _levers_cell(m: dict) -> str:
+    step = [] if _optimizer(m) != "none" else ["no optimizer step"]
+    return ", ".join(levers_on(m["config"]) + step) or "none"
+
+
 def base_of(name: str, profiles: dict[str, dict]) -> str | None:
-    """The profile without levers at ``name``'s commit and on its workload (``name`` itself if it has none on)."""
+    """The profile without levers comparable with ``name`` (``name`` itself if it has none on)."""
     m = profiles[name]
-    same = [n for n, b in profiles.items() if not levers_on(b["config"]) and b["commit"] == m["commit"]
-            and _same_workload(b, m)]
+    same = [n for n, b in profiles.items() if not levers_on(b["config"]) and _comparable(b, m)]
     return same[0] if same else None
 
 
 def fastest_and_base(profiles: dict[str, dict]) -> tuple[str, str | None]:
-    fastest = min(profiles, key=lambda n: _wall(profiles[n]))
+    """The fastest whole update (a profile without the optimizer step is not one) and its base."""
+    updates = [n for n, m in profiles.items() if _optimizer(m) != "none"] or list(profiles)
+    fastest = min(updates, key=lambda n: _wall(profiles[n]))
     return fastest, base_of(fastest, profiles)
 
 
@@ -76,8 +93,56 @@ def run_to_run(profiles: dict[str, dict]) -> tuple[tuple[str, str], float] | Non
     plain = [n for n, m in profiles.items() if not levers_on(m["config"])]
     pairs = [((a, b), _relative(_first_update(profiles[a])["grad_norm"], _first_update(profiles[b])["grad_norm"]))
              for i, a in enumerate(plain) for b in plain[i + 1:]
-             if _same_workload(profiles[a], profiles[b])]
+             if _same_workload(profiles[a], profiles[b]) and _optimizer(profiles[a]) == _optimizer(profiles[b])
+             and profiles[a]["device"] == profiles[b]["device"]]
     return max(pairs, key=lambda p: p[1]) if pairs else None
+
+
+def _lever_sets(profiles: dict[str, dict]) -> dict[tuple, list[str]]:
+    """The profiles by what they ran (commit, card, optimizer, workload, levers): the runs of one set are repeats."""
+    sets: dict[tuple, list[str]] = {}
+    for name, m in profiles.items():
+        key = (m["commit"], m["device"], _optimizer(m), tuple(m["workload"]["tokens_per_micro_batch"]), _levers_cell(m))
+        sets.setdefault(key, []).append(name)
+    return sets
+
+
+def repeats(profiles: dict[str, dict]) -> list[str]:
+    """At each commit and card where a set of levers ran more than once: every set's runs, their mean and spread,
+    and the mean against the mean of the comparable profiles without levers."""
+    sets = _lever_sets(profiles)
+    repeated = {key[:2] for key, names in sets.items() if len(names) > 1}
+    rows = []
+    for (commit, device, *_, levers), names in sets.items():
+        if (commit, device) not in repeated:
+            continue
+        walls = [_wall(profiles[n]) for n in names]
+        base = base_of(names[0], profiles)
+        base_walls = [_wall(profiles[n]) for n in next((ns for ns in sets.values() if base in ns), [])]
+        change = "-" if base is None or base in names else f"{mean(walls) / mean(base_walls) - 1:+.0%}"
+        mfu = mean(profiles[n]["flops"]["mfu_timed"] for n in names)
+        rows.append(f"| {commit} | {device} | {levers} | {len(names)} | {', '.join(f'{w:.2f}' for w in walls)} | "
+                    f"{mean(walls):.2f} | {fmt(max(walls) - min(walls) if len(walls) > 1 else None, '.2f')} | {pct(mfu)} | "
+                    f"{change} |")
+    if not rows:
+        return []
+    return ["**Repeats** (the profiles of one commit and card grouped by what they ran; the change is of the mean "
+            "update against the mean of the profiles without levers beside it):", "",
+            "| commit | card | levers | runs | update (s) | mean (s) | spread (s) | MFU (mean) | change |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _without_the_optimizer(profiles: dict[str, dict]) -> list[str]:
+    """The fastest forward and backward alone: what the update reaches with its levers were the optimizer step free."""
+    alone = [n for n, m in profiles.items() if _optimizer(m) == "none"]
+    if not alone:
+        return []
+    name = min(alone, key=lambda n: _wall(profiles[n]))
+    m = profiles[name]
+    return [f"Forward and backward alone (no optimizer step), the fastest, {name} (levers: "
+            f"{', '.join(levers_on(m['config'])) or 'none'}): "
+            f"{_wall(m):.2f} s, {pct(m['flops']['mfu_timed'])} MFU, the most these kernels give the update were its "
+            "optimizer step free.", ""]
 
 
 def side_by_side(profiles: dict[str, dict]) -> list[str]:
@@ -90,7 +155,7 @@ def side_by_side(profiles: dict[str, dict]) -> list[str]:
         s, base = m["summary"], base_of(name, profiles)
         idle = s["idle_gaps"]["by_region"].get("optimizer_step", {}).get("ms", 0) / 1e3
         passes = s.get("passes") or {}
-        lines.append(f"| {name} | {m['commit']} | {', '.join(levers_on(m['config'])) or 'none'} | {_wall(m):.2f} | "
+        lines.append(f"| {name} | {m['commit']} | {_levers_cell(m)} | {_wall(m):.2f} | "
                      f"{pct(m['flops']['mfu_timed'])} | {pct(s['device']['busy_fraction'])} | {idle:.2f} | "
                      f"{s['categories']['elementwise']['ms']:.0f} | {fmt(passes.get('recompute', {}).get('ms'), '.0f')} | "
                      f"{m['timing']['peak_allocated_gib']:.1f} | {_against_base(m, profiles.get(base))} |")
@@ -107,7 +172,7 @@ def side_by_side(profiles: dict[str, dict]) -> list[str]:
                       "(deterministic mode)."]
     lines += ["", f"The fastest, {fastest}: {_wall(profiles[fastest]):.2f} s{gain}, {pct(f['mfu_timed'])} MFU against "
                   f"the {MFU_TARGET:.0%} target ({f['model_flops'] / (MFU_TARGET * f['peak_bf16_flops']):.2f} s).", ""]
-    return lines
+    return lines + _without_the_optimizer(profiles) + repeats(profiles)
 
 
 def detail(name: str, m: dict) -> list[str]:

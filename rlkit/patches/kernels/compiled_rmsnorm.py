@@ -19,10 +19,11 @@ and its log-prob passes; vLLM runs its own Qwen3 and is not affected.
 Numerics: the same maths, summed in other orders. Inductor sums each row's squares in its own order (ATen's mean
 in another), so the variance can differ in its last fp32 bits and an output element, rarely, by one step of the
 input dtype; the backward's reductions (through the mean, and the weight's gradient over the tokens) sum in other
-orders too. So the patch is not bit-exact, and its tests state a tolerance: outputs within one bf16 step
-(2^-8 relative) per element, every flat parameter's gradient within 2^-6 of its largest entry (bf16 compute rounds
-each op to 2^-8; a sum in another order moves by a few such roundings); in fp32, where no cast is emulated, to
-fp32 rounding (tests/test_compiled_patches.py, on this CPU's Inductor C++ kernels). Measured on the GPU: not yet.
+orders too. So the patch is not bit-exact, and its tests state tolerances: one norm's output within one bf16 step
+of eager's per element; a model's logits within one bf16 step at the largest logit's magnitude (differences pass
+through the layers); every flat parameter's gradient within 2^-6 of its largest entry (bf16 compute rounds each op
+to 2^-8; a sum in another order moves by a few such roundings); in fp32, where no cast is emulated, to fp32
+rounding (tests/test_compiled_patches.py, on the CPU and, with ``-m gpu``, on a GPU; docs/patches.md has their runs).
 
 Guard: at apply, :func:`rms_norm` (not compiled) must equal transformers' own forward bit for bit on a probe in
 bf16 and fp32; a transformers whose RMSNorm computes something else is refused instead of being replaced by the
