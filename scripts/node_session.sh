@@ -52,9 +52,10 @@
 #   seed-util         arm 5 at the seed's workload with vLLM's gpu_memory_utilization at 0.95 instead of 0.85: the KV pool
 #                     from the memory arm 5 frees (the planner says vLLM still starts: tests/test_budget.py), gen against
 #                     seed-arm5 of the same commit (42)
-#   seed-best         seed-levers with the gradient prefetch and vLLM's gpu_memory_utilization at 0.95: every lever that
-#                     keeps the numbers bit-identical or the sampled distribution unchanged, against seed-arm5 of the
-#                     same commit and lease (42)
+#   seed-best         seed-levers with vLLM's gpu_memory_utilization at 0.95: every lever that keeps the numbers
+#                     bit-identical or the sampled distribution unchanged and made its phase faster, against seed-arm5 of
+#                     the same commit and lease (42; the gradient prefetch made the profiled update slower in session
+#                     26, so seed-prefetch measures it alone)
 #   h200-1gpu-arm5    arm 5 at the h200 profile's shape on one GPU: the base of h200-1gpu-fast at the same commit (24)
 #   h200-1gpu-fast    arm 5 at that shape with the workload levers (remove-padding with rlkit_varlen, chunked log-probs,
 #                     24,576 tokens per micro-batch) and every lever of seed-levers (24)
@@ -116,7 +117,7 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                    scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     seed-util) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=-p gpu_memory_utilization=0.95" RLKIT_TAG_SUFFIX=-util0.95
                     scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
-    seed-best) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers -p host_prefetch_grads=true -p gpu_memory_utilization=0.95"
+    seed-best) cmd=("${seed[@]}" "RLKIT_GRPO_ARGS=$levers -p gpu_memory_utilization=0.95"
                     RLKIT_TAG_SUFFIX=-best scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-arm5) cmd=("${one_gpu[@]}" scripts/node_grpo_arms.sh "$dir" 5-master-on-host-cast-once) ;;
     h200-1gpu-fast) workload="-p attn_implementation=rlkit_varlen -p use_remove_padding=true -p logits=chunked"

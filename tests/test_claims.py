@@ -270,6 +270,8 @@ CLAIMS = [
            >= _wall(FWD_BWD) - _pass_seconds("recompute")(FWD_BWD))),
     ("docs/results.md", "With the levers, GEMMs take 42% of the kernel time, attention 16% and the chunked log-probs 14%",
      lambda: tuple(f"{pct(_kind_share('h100-levers2.session26', k))}" for k in ("gemm", "attention", "chunked_logprob"))),
+    ("docs/offline-node.md", "without the gradient prefetch, which made the profiled update slower",
+     _says("made the profiled update slower", lambda: _prefetch_means()[2] > _prefetch_means()[3])),
     ("docs/patches.md", "It passed again on an NVIDIA H100 at 3815bfb (`outputs/_node/session26/prefetch-test.log`)",
      lambda: _prefetch_again_words()),
     ("docs/patches.md", "The prefetch does not make the update faster",

@@ -88,7 +88,7 @@ def test_every_job_names_what_exists(tmp_path):
     assert _params(shlex.split(commands["seed-levers"])) == ["host_rank0_owner", "host_overlap_copies", "rmsnorm",
                                                               "pointwise", "replay_poll_s"]
     assert _params(shlex.split(commands["seed-best"])) == [*_params(shlex.split(commands["seed-levers"])),
-                                                            "host_prefetch_grads", "gpu_memory_utilization"]
+                                                            "gpu_memory_utilization"]
     assert _params(shlex.split(commands["h200-1gpu-fast"])) == ["attn_implementation", "use_remove_padding", "logits",
                                                                  "ppo_max_token_len_per_gpu", *_params(
                                                                      shlex.split(commands["seed-levers"]))]
