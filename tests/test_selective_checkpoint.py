@@ -124,8 +124,8 @@ def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
             loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
         assert len(caches) == 1
         kept = _kept_storages(caches[0])
-        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in kept.values() if t.dtype == dtype)  # noqa: E731
-        assert set(t.dtype for t in kept.values()) == {torch.bfloat16, torch.float32}
+        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in kept.values() if t.dtype == dtype)
+        assert {t.dtype for t in kept.values()} == {torch.bfloat16, torch.float32}
         assert nbytes(torch.bfloat16) == tokens * budget._selective_elems_per_token_layer(shape) * 2
         assert nbytes(torch.float32) == tokens * shape.heads * 4
         layer_io = {t.untyped_storage().data_ptr() for t in seen["io"] if isinstance(t, torch.Tensor)}

@@ -44,7 +44,7 @@ TARGET = "transformers.modeling_utils"
 ENV = "RLKIT_SELECTIVE_LAYERS"
 _ATEN = torch.ops.aten
 try:  # registers torch.ops.torch_attn._varlen_attn, the custom op rlkit_varlen's kernel path calls
-    import torch.nn.attention.varlen  # noqa: F401
+    import torch.nn.attention.varlen
 except ImportError:
     pass
 
