@@ -673,6 +673,14 @@ LAB_NOTES += [
         "micro-batch (x0.83 of it)",
      lambda: (lambda p: (f"rose by {p['peak_rise']:.1f} GiB", f"gives {p['kept_planned']:.1f} GiB for "
                          f"{p['layers']} layers", f"(x{p['peak_rise'] / p['kept_planned']:.2f} of it)"))(_sac_pair())),
+    (L, "3.1 GiB of the difference is the attention output, which the run did not keep",
+     lambda: (f"{_sac_pair()['attention_gib']:.1f} GiB of the difference",)),
+    (L, "so it was recomputed (the recompute's attention time 224 ms against 220 ms)",
+     lambda: (lambda a: (f"time {a[0]:.0f} ms against {a[1]:.0f} ms",) if a[1] > 0.9 * a[0] else False)(
+         _sac_pair()["recompute_attention"])),
+    (L, "The remaining 1.5 GiB (x0.94 of the term without the attention output) is not named",
+     lambda: (lambda p: (f"remaining {p['kept_planned'] - p['attention_gib'] - p['peak_rise']:.1f} GiB",
+                         f"(x{p['peak_rise'] / (p['kept_planned'] - p['attention_gib']):.2f} of"))(_sac_pair())),
     (L, "36 layers ran out of the H100's memory", lambda: (f"{_sac36_layers()} layers ran out",)),
     _quote(L, "the experiment now keeps the run's own error (commit 0d34c7b)", S23),
     (L, "so the pass holds 14 bytes per logit element where the planner had 10",
@@ -877,6 +885,8 @@ def _sac_pair() -> dict:
         "event_syncs": sac["summary"]["host_syncs"]["calls"]["cudaEventSynchronize"],
         "peak_rise": sac["timing"]["peak_allocated_gib"] - base["timing"]["peak_allocated_gib"],
         "kept_planned": kept, "layers": layers,
+        "attention_gib": layers * tokens * model_shape.resolve_model("qwen3-4b").q_dim * 2 / GIB,
+        "recompute_attention": both(lambda m: m["summary"]["passes"]["recompute"]["ms_by_category"]["attention"]),
         "removed_recompute_not_wall": recompute[1] < recompute[0] and _wall("h100-sac18") >= _wall("h100-base"),
         "grad_within_run_to_run": report_profile._relative(grad(sac), grad(base)) <= run_to_run
         and report_profile._first_update(sac)["entropy"] == report_profile._first_update(base)["entropy"],

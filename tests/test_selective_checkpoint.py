@@ -8,9 +8,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.modeling_utils import PreTrainedModel
 
+from rlkit.models import shape as model_shape
 from rlkit.models.qwen import build_random_model
 from rlkit.patches import PatchError
+from rlkit.patches.kernels import varlen_attention
 from rlkit.patches.verl import selective_checkpoint
+from rlkit.planning import budget
 
 GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
@@ -68,6 +71,89 @@ def test_the_policy_keeps_the_matmuls_and_recomputes_the_rest(monkeypatch):
     selective_checkpoint.CALLS.clear()
     _loss_grads_and_backward_gemms("1", monkeypatch)
     assert selective_checkpoint.CALLS["saved"] >= 7 and selective_checkpoint.CALLS["recomputed"] > 0
+
+
+def _kept_storages(storage) -> dict[int, torch.Tensor]:
+    """The distinct storages torch's selective-checkpoint cache holds for the backward (keyed by the untyped storage's
+    data pointer, so a view and its base count once); entries the policy left to recompute hold none."""
+    kept = {}
+    for entries in storage.values():
+        for entry in entries.values():
+            for leaf in torch.utils._pytree.tree_leaves(entry):
+                tensor = getattr(leaf, "val", None)  # torch's _VersionWrapper around a kept output
+                if isinstance(tensor, torch.Tensor):
+                    kept.setdefault(tensor.untyped_storage().data_ptr(), tensor)
+    return kept
+
+
+def _capturing_context(caches: list):
+    """The patch's own context (torch's create_selective_checkpoint_contexts with :func:`policy`), its cache recorded."""
+    original = selective_checkpoint.selective_context
+
+    def context():
+        caching, cached = original()
+        caches.append(caching.storage)
+        return caching, cached
+    return context
+
+
+def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
+    """One Qwen3-4B-wide layer in bf16 on the CPU, 64 packed tokens (two sequences), attention through rlkit_varlen as
+    the update profile selects it (on the CPU: per-sequence SDPA, the CPU flash kernel): the cache holds per token the
+    planner's bf16 elements plus the attention's fp32 log-sum-exp (one per head, which the planner ignores), none of it
+    the layer's input or output (which full checkpointing keeps anyway)."""
+    tokens, shape = 64, model_shape.resolve_model("qwen3-4b")
+    caches: list = []
+    monkeypatch.setenv(selective_checkpoint.ENV, "all")
+    monkeypatch.setattr(selective_checkpoint, "selective_context", _capturing_context(caches))
+    selective_checkpoint.apply()
+    varlen_attention.PATCH.apply()
+    try:
+        model = build_random_model("qwen3-4b", seed=0, dtype=torch.bfloat16, num_hidden_layers=1, vocab_size=512)
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.set_attn_implementation(varlen_attention.NAME)
+        model.train()
+        seen = {}
+        model.model.layers[0].register_forward_hook(
+            lambda m, args, kwargs, out: seen.update(io=(kwargs.get("hidden_states", args[0] if args else None), out)),
+            with_kwargs=True)
+        ids = torch.randint(3, 512, (1, tokens), generator=torch.Generator().manual_seed(1))
+        positions = torch.arange(tokens // 2).repeat(2).unsqueeze(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
+        assert len(caches) == 1
+        kept = _kept_storages(caches[0])
+        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in kept.values() if t.dtype == dtype)
+        assert {t.dtype for t in kept.values()} == {torch.bfloat16, torch.float32}
+        assert nbytes(torch.bfloat16) == tokens * budget._selective_elems_per_token_layer(shape) * 2
+        assert nbytes(torch.float32) == tokens * shape.heads * 4
+        layer_io = {t.untyped_storage().data_ptr() for t in seen["io"] if isinstance(t, torch.Tensor)}
+        assert len(layer_io) == 2 and not layer_io & kept.keys()
+        loss.backward()
+    finally:
+        varlen_attention.PATCH.revert()
+        selective_checkpoint.revert()
+
+
+def test_the_gpu_varlen_kernel_output_is_kept():
+    """On the GPU rlkit_varlen calls torch's varlen_attn, a custom op (torch_attn._varlen_attn) that the policy sees
+    whole. Run through torch's own caching mode with the patch's policy on meta tensors (its registered fake kernel,
+    Qwen3-4B's heads): the cache keeps its output, tokens x q_dim bf16 elements, instead of recomputing it."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    shape, tokens = model_shape.resolve_model("qwen3-4b"), 64
+    q = torch.empty(tokens, shape.heads, shape.head_dim, device="meta", dtype=torch.bfloat16)
+    kv = torch.empty(tokens, shape.kv_heads, shape.head_dim, device="meta", dtype=torch.bfloat16)
+    cu = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32, device="meta")
+    caching, _ = selective_checkpoint.selective_context()
+    with caching:
+        varlen_attn(q, kv, kv, cu, cu, tokens // 2, tokens // 2, window_size=(-1, 0), enable_gqa=True)
+    assert [str(op) for op in caching.storage] == ["torch_attn._varlen_attn.default"]
+    (entry,) = caching.storage[torch.ops.torch_attn._varlen_attn.default].values()
+    out = torch.utils._pytree.tree_leaves(entry)[0]
+    assert hasattr(out, "val"), "the policy left the varlen kernel to recompute: its output is not kept"
+    assert out.val.dtype == torch.bfloat16 and out.val.numel() == tokens * shape.q_dim
 
 
 def test_apply_is_idempotent_and_revert_restores_transformers_enable(monkeypatch):

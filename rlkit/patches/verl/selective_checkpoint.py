@@ -17,7 +17,10 @@ fits (``rlkit.planning.budget``'s ``selective_layers``). Which layers does not m
 live from its forward to its backward, so all of them are held at the end of the forward.
 
 What it skips, counted on the tiny Qwen3: six GEMMs of every selective layer's recompute (q, k, v, o, gate, up) and
-its attention. It also keeps down_proj's output, which full checkpointing never recomputes (non-reentrant
+its attention. On the GPU rlkit_varlen's attention is torch's ``varlen_attn``, a custom op the policy sees whole; until
+it was named in ``SAVED_OPS`` its output was not kept and the attention was recomputed (the update profiles of sessions
+23 and 26: the recompute's attention time unchanged), so those runs held q_dim x 2 bytes a token a layer less than
+the planner counts. It also keeps down_proj's output, which full checkpointing never recomputes (non-reentrant
 checkpointing stops its recompute at the last tensor backward needs; down_proj's output feeds only the residual add):
 hidden x 2 bytes a token a layer held for nothing, which the planner counts (the policy sees ops, not modules).
 
@@ -40,12 +43,28 @@ from rlkit.patches import Patch, PatchError, import_target, replace_attr
 TARGET = "transformers.modeling_utils"
 ENV = "RLKIT_SELECTIVE_LAYERS"
 _ATEN = torch.ops.aten
+try:  # registers torch.ops.torch_attn._varlen_attn, the custom op rlkit_varlen's kernel path calls
+    import torch.nn.attention.varlen
+except ImportError:
+    pass
+
+
+def _varlen_ops() -> tuple:
+    """``torch_attn._varlen_attn`` where this torch has it. ``varlen_attn`` (rlkit_varlen's kernel on the GPU) is a
+    custom op: the policy sees it, never the ``_flash_attention_forward`` / ``_cudnn_attention_forward`` it calls
+    inside, so without it here the attention is recomputed and its output not kept (tests/test_selective_checkpoint.py
+    runs it on meta tensors through torch's own caching mode)."""
+    namespace = getattr(torch.ops, "torch_attn", None)
+    return (namespace._varlen_attn.default,) if namespace is not None and hasattr(namespace, "_varlen_attn") else ()
+
+
 # The ops whose outputs are kept: the GEMMs (nn.Linear lowers to mm / addmm) and the attention kernels of each backend
-# (CUDA flash / efficient / cuDNN, the CPU's flash, and the flash / efficient forwards varlen attention calls).
+# (CUDA flash / efficient / cuDNN, the CPU's flash, the flash / efficient forwards, and torch's varlen_attn custom op
+# that rlkit_varlen calls on the GPU).
 SAVED_OPS = frozenset(getattr(_ATEN, name).default for name in (
     "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
-    "_efficient_attention_forward") if hasattr(_ATEN, name))
+    "_efficient_attention_forward") if hasattr(_ATEN, name)) | frozenset(_varlen_ops())
 # What the policy decided, for tests and measurements ("saved", "recomputed": one count per op call in a forward).
 CALLS: collections.Counter = collections.Counter()
 
