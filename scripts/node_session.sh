@@ -15,7 +15,8 @@
 #                     levers and of the profiler (24)
 #   profile-levers    one update profiled with both levers (24)
 #   profile-sac       one update profiled with selective checkpointing of all 36 layers (the profile has the whole
-#                     H200): the recompute it removes at most, against profile-base of the same lease (42)
+#                     H200; 18 with RLKIT_PROFILE_GPU=h100, where 36 ran out of memory): the recompute it removes at
+#                     most, against profile-base of the same lease (42)
 #   profile-prefetch  one update profiled with HostAdamW's gradient prefetch: the optimizer's share of the update
 #                     against profile-base of the same lease (42)
 #   profile-best      profile-levers with the gradient prefetch: the prefetch on top of the other levers (42)
@@ -74,6 +75,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
   local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers gpu=${RLKIT_PROFILE_GPU:-h200}
   local profile_levers=(-p overlap_copies=true -p rmsnorm=compiled -p pointwise=compiled)  # the update profile's fields
+  local sac_layers=36  # all layers fit the H200's 141 GB; on the H100's 79.2 GiB 36 ran out of memory, 18 fit
+  if [ "$gpu" = h100 ]; then sac_layers=18; fi
   levers="$overlap -p rmsnorm=compiled -p pointwise=compiled"
   levers+=" -p replay_poll_s=0.2"
   case $job in
@@ -84,8 +87,8 @@ set_job() {  # cmd=(the command of job $2), its results under $1
                           --tag "$gpu-overlap") ;;
     profile-levers) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" "${profile_levers[@]}"
                          --tag "$gpu-levers") ;;
-    profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p selective_layers=36
-                      --tag "$gpu-sac") ;;
+    profile-sac) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p "selective_layers=$sac_layers"
+                      --tag "$gpu-sac$sac_layers") ;;
     profile-compiled) cmd=(scripts/node_update_profile.sh "$dir" -p rmsnorm=compiled -p pointwise=compiled
                            --tag "$gpu-compiled") ;;
     profile-prefetch) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p prefetch_grads=true
