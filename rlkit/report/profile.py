@@ -42,10 +42,14 @@ def _optimizer(m: dict) -> str:
     return m["config"].get("optimizer", "host_adamw")
 
 
+def _same_setup(a: dict, b: dict) -> bool:
+    """One kind of card, one workload, one optimizer: the same computation, whatever the commit."""
+    return a["device"] == b["device"] and _optimizer(a) == _optimizer(b) and _same_workload(a, b)
+
+
 def _comparable(a: dict, b: dict) -> bool:
-    """The only pairs the report compares: one commit, one kind of card, one workload, one optimizer."""
-    return (a["commit"] == b["commit"] and a["device"] == b["device"] and _optimizer(a) == _optimizer(b)
-            and _same_workload(a, b))
+    """The only pairs the report compares: one commit and one setup (:func:`_same_setup`)."""
+    return a["commit"] == b["commit"] and _same_setup(a, b)
 
 
 def _levers_cell(m: dict) -> str:
@@ -93,8 +97,7 @@ def run_to_run(profiles: dict[str, dict]) -> tuple[tuple[str, str], float] | Non
     plain = [n for n, m in profiles.items() if not levers_on(m["config"])]
     pairs = [((a, b), _relative(_first_update(profiles[a])["grad_norm"], _first_update(profiles[b])["grad_norm"]))
              for i, a in enumerate(plain) for b in plain[i + 1:]
-             if _same_workload(profiles[a], profiles[b]) and _optimizer(profiles[a]) == _optimizer(profiles[b])
-             and profiles[a]["device"] == profiles[b]["device"]]
+             if _same_setup(profiles[a], profiles[b])]
     return max(pairs, key=lambda p: p[1]) if pairs else None
 
 
