@@ -185,3 +185,53 @@ def test_the_reentrant_checkpoint_is_refused(monkeypatch):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     finally:
         selective_checkpoint.revert()
+
+
+def _packed_qwen_layers_on_cuda(layers: str | None, caches: list, monkeypatch, tokens: int = 2048):
+    """Two Qwen3-4B-wide layers in bf16 on the GPU, ``tokens`` packed tokens (two sequences), attention through
+    rlkit_varlen as verl's update selects it, deterministic kernels: the loss, every gradient, and the selective cache
+    of each checkpointed layer (``layers`` None: full checkpointing)."""
+    if layers is not None:
+        monkeypatch.setenv(selective_checkpoint.ENV, layers)
+        monkeypatch.setattr(selective_checkpoint, "selective_context", _capturing_context(caches))
+        selective_checkpoint.apply()
+    varlen_attention.PATCH.apply()
+    torch.use_deterministic_algorithms(True)
+    try:
+        model = build_random_model("qwen3-4b", seed=0, dtype=torch.bfloat16, num_hidden_layers=2, vocab_size=512)
+        model = model.cuda()
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.set_attn_implementation(varlen_attention.NAME)
+        model.train()
+        ids = torch.randint(3, 512, (1, tokens), generator=torch.Generator().manual_seed(1)).cuda()
+        positions = torch.arange(tokens // 2).repeat(2).unsqueeze(0).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
+        kept = [_kept_storages(storage) for storage in caches]  # before backward frees the cache
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, kept
+    finally:
+        torch.use_deterministic_algorithms(False)
+        varlen_attention.PATCH.revert()
+        selective_checkpoint.revert()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_bytes(monkeypatch):
+    """The GPU path the seed's update takes (torch's varlen flash kernel, a custom op the policy keeps whole): loss and
+    every gradient bit-identical (0.0) to full checkpointing, and each layer's cache holding per token the planner's
+    bf16 elements plus the kernel's fp32 log-sum-exp (one per head)."""
+    full_loss, full_grads, _ = _packed_qwen_layers_on_cuda(None, [], monkeypatch)
+    caches: list = []
+    loss, grads, kept = _packed_qwen_layers_on_cuda("all", caches, monkeypatch)
+    assert torch.equal(loss, full_loss)
+    assert grads.keys() == full_grads.keys()
+    for name, grad in grads.items():
+        assert torch.equal(grad, full_grads[name]), f"{name}: max |diff| {(grad - full_grads[name]).abs().max()}"
+    tokens, shape = 2048, model_shape.resolve_model("qwen3-4b")
+    assert len(kept) == 2
+    for layer in kept:
+        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in layer.values() if t.dtype == dtype)
+        assert nbytes(torch.bfloat16) == tokens * budget._selective_elems_per_token_layer(shape) * 2
+        assert nbytes(torch.float32) == tokens * shape.heads * 4
