@@ -232,6 +232,7 @@ def test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_by
     tokens, shape = 2048, model_shape.resolve_model("qwen3-4b")
     assert len(kept) == 2
     for layer in kept:
-        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in layer.values() if t.dtype == dtype)
-        assert nbytes(torch.bfloat16) == tokens * budget._selective_elems_per_token_layer(shape) * 2
-        assert nbytes(torch.float32) == tokens * shape.heads * 4
+        nbytes = {dtype: sum(t.untyped_storage().nbytes() for t in layer.values() if t.dtype == dtype)
+                  for dtype in (torch.bfloat16, torch.float32)}
+        assert nbytes == {torch.bfloat16: tokens * budget._selective_elems_per_token_layer(shape) * 2,
+                          torch.float32: tokens * shape.heads * 4}
