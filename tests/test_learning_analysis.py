@@ -54,6 +54,7 @@ def test_the_plateau_is_counted_apart_so_it_cannot_inflate_the_literal_count():
         assert steps["plateau"] == {"steps": 20, "in_range": 20, "within_band": 20}
     text = L.describe(_metrics(a))
     assert "inside at 0 of 10" in text and "steps 1-10 are the rising part" in text
+    assert text.splitlines()[-1].endswith(f"range {FAST}.r1 at 0 of 10, {FAST}.r2 at 0 of 10 steps.")
 
 
 def test_no_rise_no_rising_part():
@@ -173,3 +174,20 @@ def test_results_from_before_issue_46_are_read_and_said_to_be_so():
     again = LC.analyze(LC.analysis_runs(m), **{**m["analysis"]["criteria"], "noise_floor": None})
     steps = LC.compared_runs(again)[m["analysis"]["compare"]["run"]]["per_step"]
     assert again["rising"]["plateau_from"] == 9 and steps["rising"]["in_range"] == 4 and steps["in_range"] == 22
+
+
+def test_the_explorer_redraws_new_results_with_the_measured_floor():
+    runs = _runs([B1, B2], [_shift(RISE, 0.006) + PLATEAU, B2])
+    a = LC.analyze(runs, **CRITERIA)
+    m = {**_metrics(a), "steps": {n: r["steps"] for n, r in runs.items()},
+         "curves": {n: LC.curves(r["steps"]) for n, r in runs.items()},
+         "runs": {n: {"arm": "x", "variant": r["arm"]} for n, r in runs.items()}}
+    knobs = {"window": 3, "noise_factor": 2.0, "noise_floor": None}
+    assert VL.reanalyze(m, **knobs, last_step=30) == a  # the sides come from each run's variant, not its arm
+    view = VL.draw({"curve": "reward", "last_step": 30, **knobs}, m)
+    band = view.figures["curve"].data[-1]
+    assert band.fill == "toself" and "floor 0.0013 (measured)" in view.texts["verdict"]
+    assert "rising part: inside at 0 of 10" in view.texts["verdict"]
+    fixed = VL.draw({"curve": "reward", "last_step": 30, **knobs, "noise_floor": 0.02}, m)
+    assert "floor 0.0200 (fixed)" in fixed.texts["verdict"]
+    assert VL.learning_explorer(m).controls["noise_floor"].value is None

@@ -37,12 +37,16 @@ def describe(metrics: dict[str, Any]) -> str:
         lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
                      f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.planning.roofline).")
     v = metrics["analysis"]["verdict"]
+    rising = [f"{name} at {c['per_step']['rising']['in_range']} of {c['per_step']['rising']['steps']}"
+              for name, c in compared_runs(metrics["analysis"]).items() if (c["per_step"] or {}).get("rising")]
     lines.append("Result: " + ("every run learns and each compared run's curve is within the run-to-run noise of the "
                                "baseline's, in the mean and at every step: the compared variant does not change what "
                                "GRPO learns here." if v["passed"] else
                                f"not shown (every run learns: {v['all_learned']}; compared runs within the noise: "
                                f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']}; "
-                               f"compared spread within the noise: {v.get('compare_spread_within_noise')})."))
+                               f"compared spread within the noise: {v.get('compare_spread_within_noise')}).")
+                 + (f" The band decides; beside it, the literal count in the rising part: inside the baseline runs' "
+                    f"range {', '.join(rising)} steps." if rising else ""))
     return "\n".join(lines)
 
 
