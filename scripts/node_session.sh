@@ -8,7 +8,7 @@
 # each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
 # Jobs (issue in brackets):
 #   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
-#   learning          notebook 07's three runs side by side, runs in ROOT/learning/runs (25)
+#   learning          notebook 07's four runs side by side, runs in ROOT/learning/runs (25, 46)
 #   profile-base      one update profiled with neither lever, the same commit's base for the two below (24)
 #   profile-overlap   one update profiled with HostAdamW's overlapped copies (24)
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both

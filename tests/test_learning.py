@@ -177,7 +177,7 @@ def _steps(rewards, **metrics):
 
 
 RISING = [0.01 + 0.01 * i for i in range(40)]
-BASE, COMP = "1-fixes-hostadamw", "5-master-on-host-cast-once"
+BASE, COMP, FAST = "1-fixes-hostadamw", "5-master-on-host-cast-once", "5-fastest"
 CRITERIA = {"baseline_arm": BASE, "compare_arm": COMP, "window": 5, "min_gain": 0.05, "noise_factor": 2.0,
             "noise_floor": 0.02}
 
@@ -187,6 +187,10 @@ def _runs(r1, comp, r2):
             f"{BASE}.r2": {"arm": BASE, "steps": _steps(r2)}}
 
 
+def _c(a):  # the one compared run of _runs
+    return a["compared"][f"{COMP}.r1"]
+
+
 def test_analysis_passes_when_every_run_learns_alike():
     wiggle = [v + (0.01 if i % 2 else -0.01) for i, v in enumerate(RISING)]
     a = LC.analyze(_runs(RISING, [v + 0.005 for v in RISING], wiggle), **CRITERIA)
@@ -194,8 +198,8 @@ def test_analysis_passes_when_every_run_learns_alike():
     assert a["per_run"][f"{BASE}.r1"]["reward_first"] == pytest.approx(first)
     assert a["per_run"][f"{BASE}.r1"]["gain"] == pytest.approx(last - first) and a["per_run"][f"{BASE}.r1"]["learned"]
     assert a["noise"]["curve_distance"] == pytest.approx(0.01)
-    assert a["compare"]["mean_distance"] == pytest.approx((0.005 + 0.01) / 2)
-    assert a["compare"]["threshold"] == pytest.approx(0.02) and a["compare"]["within_noise"]
+    assert _c(a)["mean_distance"] == pytest.approx((0.005 + 0.01) / 2)
+    assert _c(a)["threshold"] == pytest.approx(0.02) and _c(a)["within_noise"]
     assert a["verdict"]["passed"] and a["verdict"]["all_learned"]
 
 
@@ -203,7 +207,7 @@ def test_a_flat_curve_is_reported_as_not_learning():
     flat = [0.01] * 40
     a = LC.analyze(_runs(flat, flat, flat), **CRITERIA)
     assert all(r["learned"] is False and r["gain"] == 0.0 for r in a["per_run"].values())
-    assert a["compare"]["within_noise"]  # three flat curves agree, and still nothing learned
+    assert _c(a)["within_noise"]  # three flat curves agree, and still nothing learned
     assert a["verdict"]["all_learned"] is False and not a["verdict"]["passed"]
     assert "does NOT learn" in L.describe(_metrics(a, _runs(flat, flat, flat)))
 
@@ -211,22 +215,22 @@ def test_a_flat_curve_is_reported_as_not_learning():
 def test_an_arm_outside_the_repeats_noise_fails():
     a = LC.analyze(_runs(RISING, [0.01] * 40, [v + 0.002 for v in RISING]), **CRITERIA)
     assert a["per_run"][f"{COMP}.r1"]["learned"] is False
-    assert a["compare"]["mean_distance"] > a["compare"]["threshold"] and a["compare"]["within_noise"] is False
+    assert _c(a)["mean_distance"] > _c(a)["threshold"] and _c(a)["within_noise"] is False
     assert not a["verdict"]["passed"]
     lower = LC.analyze(_runs(RISING, [v - 0.1 for v in RISING], RISING), **CRITERIA)
-    assert lower["per_run"][f"{COMP}.r1"]["learned"] and lower["compare"]["within_noise"] is False  # learns, less
-    assert lower["compare"]["last_window_difference"] == pytest.approx(-0.1)
-    assert lower["noise"]["curve_distance"] == 0.0 and lower["compare"]["threshold"] == 0.02  # identical repeats: floor
+    assert lower["per_run"][f"{COMP}.r1"]["learned"] and _c(lower)["within_noise"] is False  # learns, less
+    assert _c(lower)["last_window_difference"] == pytest.approx(-0.1)
+    assert lower["noise"]["curve_distance"] == 0.0 and _c(lower)["threshold"] == 0.02  # identical repeats: floor
 
 
 def test_one_step_outside_the_band_fails_though_the_mean_distance_is_within():
     jump = [v + (0.3 if i == 20 else 0.0) for i, v in enumerate(RISING)]
     a = LC.analyze(_runs(RISING, jump, [v + 0.01 for v in RISING]), **CRITERIA)
-    assert a["compare"]["within_noise"] and a["compare"]["mean_distance"] < a["compare"]["threshold"]
-    steps = a["compare"]["per_step"]
+    assert _c(a)["within_noise"] and _c(a)["mean_distance"] < _c(a)["threshold"]
+    steps = _c(a)["per_step"]
     assert steps["steps"] == 40 and steps["within_band"] == 39 and steps["in_range"] == 39  # it equals r1 elsewhere
     assert steps["worst"]["step"] == 21 and steps["worst"]["difference"] == pytest.approx(0.295)
-    assert a["compare"]["every_step_within_band"] is False and not a["verdict"]["passed"]
+    assert _c(a)["every_step_within_band"] is False and not a["verdict"]["passed"]
     assert "at every step: False" in L.describe(_metrics(a, _runs(RISING, jump, RISING)))
 
 
@@ -236,6 +240,7 @@ def test_per_step_band_counts_the_range_and_the_band_at_each_step():
     assert band["steps"] == 3 and band["in_range"] == 1 and band["within_band"] == 2  # step 1: outside the range, in
     assert band["worst"] == {"step": 3, "difference": pytest.approx(0.2), "band": 0.02, "in_range": False,
                              "within_band": False}
+    assert band["expected_in_range"] == pytest.approx(1 / 3) and "rising" not in band  # no plateau given: no split
     assert LC.per_step_band(r1, [r1], noise_factor=2.0, noise_floor=0.02) is None  # one repeat: no spread
 
 
@@ -259,9 +264,10 @@ def test_the_analysis_before_the_collapse_reads_only_the_steps_before_it():
 
 def test_runs_without_steps_give_no_verdict():
     a = LC.analyze({f"{BASE}.r1": {"arm": BASE, "steps": []}, f"{COMP}.r1": {"arm": COMP, "steps": []}}, **CRITERIA)
-    assert a["per_run"] == {} and a["compare"] is None
+    assert a["per_run"] == {} and a["compared"] == {} and a["compare_spread"] is None and a["rising"] is None
     assert a["verdict"] == {"runs_analyzed": 0, "baseline_runs": 0, "compare_runs": 0, "all_learned": None,
-                            "compare_within_noise": None, "compare_every_step_within_band": None, "passed": False}
+                            "compare_within_noise": None, "compare_every_step_within_band": None,
+                            "compare_spread_within_noise": None, "passed": False}
     short = LC.analyze(_runs(RISING[:6], RISING[:6], RISING[:6]), **CRITERIA)  # fewer than 2 x window steps
     assert all(r["learned"] is None for r in short["per_run"].values()) and not short["verdict"]["passed"]
 
@@ -298,17 +304,31 @@ def test_profiles_are_valid_configs_whose_recipes_are_valid(profile):
     assert set(values) == set(P.field_names(L.Config))
     cfg = P.build(L.Config, values)
     plan = LR.run_plan(cfg)
-    assert [arm for _, arm in plan] == [BASE, COMP, BASE] and len({n for n, _ in plan}) == 3
-    recipes = [LR.build_recipe(cfg, arm) for _, arm in plan]
-    assert recipes[0] == recipes[2] and recipes[0].patches != recipes[1].patches
+    assert [side for _, side in plan] == [BASE, FAST, BASE, FAST] and len({n for n, _ in plan}) == 4
+    recipes = [LR.build_recipe(cfg, side) for _, side in plan]
+    assert recipes[0] == recipes[2] and recipes[1] == recipes[3] and recipes[0].patches != recipes[1].patches
     assert all(r.n_gpus == 1 and r.reward == "target_chars" and r.steps == cfg.steps for r in recipes)
-    assert {k: v for k, v in P.as_dict(recipes[1]).items() if k in R.ARMS[COMP]} == R.ARMS[COMP]
+    fast = P.as_dict(recipes[1])
+    assert {k: v for k, v in fast.items() if k in R.ARMS[COMP] and k not in cfg.compare_overrides} == {
+        k: v for k, v in R.ARMS[COMP].items() if k not in cfg.compare_overrides}
+    # every lever of the fastest correct variant that changes the computation (scripts/node_session.sh, seed-best)
+    assert fast["host_overlap_copies"] and not fast["host_rank0_owner"] and fast["logits"] == "chunked"
+    assert fast["rmsnorm"] == fast["pointwise"] == "compiled" and fast["replay_poll_s"] == 0.2
+    assert fast["attn_implementation"] == "rlkit_varlen" and fast["use_remove_padding"]
+    assert {"chunked_logprobs", "compiled_rmsnorm", "compiled_pointwise", "replay_poll",
+            "varlen_attention"} <= set(recipes[1].active_patches)
+    assert fast["gpu_memory_utilization"] == cfg.gpu_memory_utilization  # the card is shared: not seed-best's 0.95
+    assert cfg.repeats >= 2 and cfg.compare_repeats >= 2
     if profile == "h200":
-        assert cfg.steps >= 40 and cfg.parallel == 3 and cfg.runs_dir
+        assert cfg.steps >= 40 and cfg.parallel == len(plan) and cfg.runs_dir
+        assert cfg.parallel * cfg.gpu_memory_utilization <= 0.8 + 1e-9  # the side-by-side runs fit one card
 
 
-@pytest.mark.parametrize("changes, key", [({"repeats": 1}, "repeats"), ({"compare_arm": "0-stock"}, "compare_arm"),
-                                          ({"compare_arm": BASE}, "compare_arm"), ({"window": 2}, "window"),
+@pytest.mark.parametrize("changes, key", [({"repeats": 1}, "repeats"), ({"compare_repeats": 1}, "compare_repeats"),
+                                          ({"compare_arm": "0-stock"}, "compare_arm"),
+                                          ({"compare_arm": BASE, "compare_overrides": {}}, "compare_arm"),
+                                          ({"compare_name": BASE}, "compare_name"),
+                                          ({"compare_name": "a/b"}, "compare_name"), ({"window": 2}, "window"),
                                           ({"min_gain": 0.0}, "min_gain"), ({"launch_limit": -1}, "launch_limit"),
                                           ({"parallel": 0}, "parallel")])
 def test_bad_config_names_the_key_and_fix(changes, key):
@@ -331,18 +351,20 @@ def test_runs_resume_from_runs_dir_within_the_launch_limit(tmp_path, monkeypatch
     monkeypatch.setattr(grpo, "run", fake_run)
     cfg = _cfg(runs_dir=str(tmp_path / "runs"), launch_limit=1, steps=4, window=2)
     done, pending = LR.run_all(cfg, tmp_path / "out")
-    assert list(done) == [f"{BASE}.r1"] and pending == [f"{COMP}.r1", f"{BASE}.r2"]
+    assert list(done) == [f"{BASE}.r1"] and pending == [f"{FAST}.r1", f"{BASE}.r2", f"{FAST}.r2"]
     done, pending = LR.run_all(cfg, tmp_path / "out")
-    assert done[f"{BASE}.r1"]["reused"] == "read back" and done[f"{COMP}.r1"]["reused"] is None and len(pending) == 1
-    done, pending = LR.run_all(cfg, tmp_path / "out")
-    assert not pending and len(launched) == 3 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(done)
+    assert done[f"{BASE}.r1"]["reused"] == "read back" and done[f"{FAST}.r1"]["reused"] is None and len(pending) == 2
+    assert done[f"{FAST}.r1"]["arm"] == COMP and done[f"{FAST}.r1"]["variant"] == FAST
+    for _ in range(2):
+        done, pending = LR.run_all(cfg, tmp_path / "out")
+    assert not pending and len(launched) == 4 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(done)
     assert json.loads((tmp_path / "runs" / f"{BASE}.r2" / "metrics.json").read_text())["launched"]
     with pytest.raises(P.ParamError, match="another recipe"):
         LR.run_all(dataclasses.replace(cfg, lr=3e-4), tmp_path / "out")
 
 
 def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tmp_path, monkeypatch):
-    """parallel 3 on a GPU: the three runs (the repeat's recipe identical to the first's) are in flight at once, each
+    """parallel 4 on a GPU: the four runs (each repeat's recipe identical to its first's) are in flight at once, each
     written whole; when one fails, the others still finish and are saved, and the failure is raised after them."""
     import threading
 
@@ -350,7 +372,7 @@ def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tm
     from rlkit.recipes import job as verl_job
 
     monkeypatch.setattr(verl_job, "gpu_count", lambda: 1)
-    together = threading.Barrier(3, timeout=10)  # breaks (and the test fails) unless all three are in flight at once
+    together = threading.Barrier(4, timeout=10)  # breaks (and the test fails) unless all four are in flight at once
 
     def fake_run(recipe, out_dir, how_to_run):
         together.wait()
@@ -361,17 +383,17 @@ def test_parallel_runs_go_side_by_side_and_one_failure_lets_the_others_finish(tm
 
     monkeypatch.setattr(grpo, "run", fake_run)
     failing = ""
-    cfg = _cfg(runs_dir=str(tmp_path / "runs"), parallel=3, steps=4, window=2)
+    cfg = _cfg(runs_dir=str(tmp_path / "runs"), parallel=4, steps=4, window=2)
     done, pending = LR.run_all(cfg, tmp_path / "out")
     assert list(done) == [n for n, _ in LR.run_plan(cfg)] and not pending
     assert all(e["reused"] is None and e["metrics"]["launched"] for e in done.values())
 
-    failing, together = f"{COMP}.r1", threading.Barrier(3, timeout=10)
+    failing, together = f"{FAST}.r1", threading.Barrier(4, timeout=10)
     cfg = dataclasses.replace(cfg, runs_dir=str(tmp_path / "runs2"))
     with pytest.raises(RuntimeError, match="verl exited with 1"):
         LR.run_all(cfg, tmp_path / "out")
     kept = {p.name for p in (tmp_path / "runs2").iterdir()}
-    assert {f"{BASE}.r1", f"{BASE}.r2"} <= kept and f"{COMP}.r1" not in kept, kept  # the failed run is not a result
+    assert {f"{BASE}.r1", f"{BASE}.r2", f"{FAST}.r2"} <= kept and f"{FAST}.r1" not in kept, kept  # the failed run: no result
     assert all((tmp_path / "runs2" / n / "metrics.json").exists() for n in (f"{BASE}.r1", f"{BASE}.r2"))
 
 

@@ -95,7 +95,7 @@ def _claims_06(m):
 
 
 def _claims_07(m):
-    from rlkit.analysis.learning_curves import analyze
+    from rlkit.analysis.learning_curves import analysis_runs, analyze, disagreements
 
     runs = m["runs"].values()
     assert [r["arm"] for r in runs] == [p["arm"] for p in m["plan"]][:len(runs)]
@@ -104,15 +104,17 @@ def _claims_07(m):
     assert len(examples) >= 10 and all(e["score"] == e["expected"] for e in examples if e["expected"] is not None)
     scores = [s for g in m["probe"]["groups"] for s in g["scores"]]
     assert len(scores) == m["config"]["probe_groups"] * m["config"]["rollout_n"] and all(0 <= s <= 1 for s in scores)
-    # the verdict is the analysis of the steps the metrics carry, recomputed here (launched or not)
+    # the verdict is the analysis of the steps the metrics carry, recomputed here (launched or not); results from before
+    # issue 46 (one compared run, a fixed noise_floor) hold fewer fields, each of which the analysis gives again
     c = m["config"]
-    steps = {name: {"arm": m["runs"][name]["arm"], "steps": s} for name, s in m["steps"].items()}
-    assert m["analysis"] == analyze(steps, baseline_arm=c["baseline_arm"], compare_arm=c["compare_arm"],
-                                    window=c["window"], min_gain=c["min_gain"], noise_factor=c["noise_factor"],
-                                    noise_floor=c["noise_floor"])
+    again = analyze(analysis_runs(m), baseline_arm=c["baseline_arm"], compare_arm=c.get("compare_name", c["compare_arm"]),
+                    window=c["window"], min_gain=c["min_gain"], noise_factor=c["noise_factor"],
+                    noise_floor=c.get("noise_floor"))
+    assert m["analysis"] == again if "compare_name" in c else not disagreements(m["analysis"], again)
     if not m["launched"]:
         assert m["complete"] is False and not m["pending"]
-        assert [r["arm"] for r in runs] == [c["baseline_arm"], c["compare_arm"], c["baseline_arm"]]
+        assert [r["variant"] for r in runs] == [c["baseline_arm"], c["compare_name"]] * 2 == [p["variant"] for p in m["plan"]]
+        assert c["compare_repeats"] >= 2 and "noise_floor" not in c
         assert all(r["outcome"] == "not launched" and "n_gpus=1" in r["launch_reason"] for r in runs)
         assert all(sorted(r["verified_patches"]) == sorted(r["patches"]) for r in runs)  # verl's config, the arm's
         assert m["analysis"]["per_run"] == {} and m["analysis"]["verdict"]["passed"] is False  # no steps, no claim

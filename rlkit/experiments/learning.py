@@ -1,4 +1,5 @@
-"""Notebook 07: does GRPO still learn with the patches? Arm 1 and arm 5 on a task a random-init model can learn.
+"""Notebook 07: does GRPO still learn with the patches? Arm 1 and the fastest correct variant, each run at least twice,
+on a task a random-init model can learn.
 
 The task is synthetic and so is the model: :func:`rlkit.models.reward.target_chars` scores the share of a response's
 characters that belong to a small target set named in its prompt (rows from :func:`rlkit.models.data.target_rows`),
@@ -6,17 +7,23 @@ and ``qwen3-30m`` (:mod:`rlkit.models.qwen`) is a ~31M-parameter random-init Qwe
 on one GPU. The same code runs the task on real DAPO rows (``data``: a DAPO-Math-17k parquet) and real weights
 (``model``: a local checkpoint); what it measures is whether a policy moves, not mathematics.
 
-The plan: the baseline arm (``1-fixes-hostadamw``), the compared arm (``5-master-on-host-cast-once``: every usable
-patch) and the baseline again (``repeats`` runs of it in all), same seed, data and model, each a GRPO recipe of
-:mod:`rlkit.recipes.grpo` run by :func:`rlkit.experiments.grpo.run` (data, model, preflight, verl's config check, the launch when a
-GPU is present). verl's per-step records (:func:`rlkit.verl.logs.read_steps`) give the curves of reward, grad_norm,
-pg_loss, entropy and response length; :func:`rlkit.analysis.learning_curves.analyze` reads them:
+The plan: the baseline arm (``1-fixes-hostadamw``, ``repeats`` runs) and the compared variant (``compare_name``:
+``compare_arm`` with ``compare_overrides`` on top, the levers of the fastest correct variant; ``compare_repeats``
+runs), interleaved, same seed, data and model, each a GRPO recipe of :mod:`rlkit.recipes.grpo` run by
+:func:`rlkit.experiments.grpo.run` (data, model, preflight, verl's config check, the launch when a GPU is present).
+verl's per-step records (:func:`rlkit.verl.logs.read_steps`) give the curves of reward, grad_norm, pg_loss, entropy
+and response length; :func:`rlkit.analysis.learning_curves.analyze` reads them:
 
 - a run *learns* when the mean reward of its last ``window`` steps exceeds that of its first ``window`` steps
   by at least ``min_gain`` (a flat curve does not);
 - the *noise* is the largest curve distance between two baseline runs (mean over common steps of the absolute
-  reward difference), and the compared arm is *within the noise* when its mean distance to the baseline runs is
-  at most ``noise_factor`` x that noise (or ``noise_floor``, when the repeats happen to agree more closely).
+  reward difference); each compared side has its own spread too, held to the same threshold;
+- each compared run is *within the noise* when its mean distance to the baseline runs is at most ``noise_factor`` x
+  that noise, and at each step the literal count says whether it lies inside the baseline runs' [lowest, highest]
+  range, beside the band (``noise_factor`` x their range at the step, at least their measured mean range per step:
+  the floor is a measurement, not a parameter);
+- the counts are given apart for the rising part (before the baseline's mean reward has covered 90% of its rise)
+  and the plateau, where runs that sample the same responses agree by construction.
 
 Each run is its own results folder under ``runs_dir`` (:mod:`rlkit.experiments.learning_runs`; written whole or
 left ``.failed``); a launched run found there with the same recipe is read back instead of launched again,
@@ -27,6 +34,7 @@ own verl session; a run far from the GPU's limits, as this one is, leaves it mos
 
 Without a GPU everything before the launch runs for real, the reward is exercised on the prepared rows and the
 random model's own samples (:func:`reward_examples`, :func:`probe_model`), and the analysis says it has no steps.
+The findings in words: :mod:`rlkit.experiments.learning_words`.
 """
 from __future__ import annotations
 
@@ -34,11 +42,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlkit.analysis.learning_curves import ENTROPY_COLLAPSE, analyze, analyze_before_collapse, curves
+from rlkit.analysis.learning_curves import analyze, analyze_before_collapse, curves
 from rlkit.core import params as P
 from rlkit.experiments import experiment_main
 from rlkit.experiments.learning_config import Config
-from rlkit.experiments.learning_runs import build_recipe, run_all, run_plan, run_row
+from rlkit.experiments.learning_runs import arm_of, build_recipe, run_all, run_plan, run_row
+from rlkit.experiments.learning_words import describe  # noqa: F401  (the findings: rlkit.experiments.findings)
 from rlkit.models import reward as RW
 
 NOTEBOOK = "07_does_it_learn"
@@ -137,9 +146,9 @@ def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
     steps = {name: e["metrics"].get("steps") or [] for name, e in done.items()}
     rows_by_run = {name: run_row(name, e) for name, e in done.items()}
     launched = any(e["metrics"]["launched"] for e in done.values())
-    runs = {n: {"arm": done[n]["arm"], "steps": s} for n, s in steps.items()}
-    analysis = analyze(runs, baseline_arm=cfg.baseline_arm, compare_arm=cfg.compare_arm, window=cfg.window,
-                       min_gain=cfg.min_gain, noise_factor=cfg.noise_factor, noise_floor=cfg.noise_floor)
+    runs = {n: {"arm": done[n]["variant"], "steps": s} for n, s in steps.items()}
+    analysis = analyze(runs, baseline_arm=cfg.baseline_arm, compare_arm=cfg.compare_name, window=cfg.window,
+                       min_gain=cfg.min_gain, noise_factor=cfg.noise_factor)
     return {
         "config": P.as_dict(cfg),
         "synthetic": {"task": targets and cfg.data == "synthetic", "model": first.random_init},
@@ -148,7 +157,7 @@ def run(cfg: Config, out_dir: str | Path | None = None) -> dict[str, Any]:
         "model": model_info,
         "reward_examples": reward_examples(rows) if targets else [],
         "probe": probe,
-        "plan": [{"run": name, "arm": arm} for name, arm in run_plan(cfg)],
+        "plan": [{"run": name, "arm": arm_of(cfg, side), "variant": side} for name, side in run_plan(cfg)],
         "runs": rows_by_run,
         "pending": pending,
         "complete": not pending and all(r["launched"] for r in rows_by_run.values()),
@@ -166,110 +175,6 @@ def read_results(results_dir: str | Path) -> dict[str, Any]:
     from rlkit.core.results import read_metrics
 
     return read_metrics(results_dir)
-
-
-# ----------------------------------------------------------------------------------------------
-# in words (the figures and the explorer: rlkit.viz.learning)
-
-
-def _f(value, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def describe(metrics: dict[str, Any]) -> str:
-    """What the experiment found, in words, every number taken from ``metrics``."""
-    lines = _setup_lines(metrics)
-    cfg = metrics["config"]
-    if not metrics["launched"]:
-        lines.append(f"No run was launched: {metrics['launch_reason']}")
-        return "\n".join(lines)
-    if metrics["pending"]:
-        lines.append(f"Not run yet (launch_limit {cfg['launch_limit']}): {', '.join(metrics['pending'])}; run the same "
-                     "command again to add them.")
-    lines += _comparison_lines(metrics["analysis"])
-    lines += _collapse_lines(metrics)
-    mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
-    if mfu:
-        lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
-                     f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.planning.roofline).")
-    v = metrics["analysis"]["verdict"]
-    lines.append("Result: " + ("every run learns and the compared arm's curve is within the run-to-run noise of the "
-                               "baseline's, in the mean and at every step: the patches do not change what GRPO learns "
-                               "here." if v["passed"] else
-                               f"not shown (every run learns: {v['all_learned']}; compared arm within the noise: "
-                               f"{v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']})."))
-    return "\n".join(lines)
-
-
-def _setup_lines(metrics: dict[str, Any]) -> list[str]:
-    """The task, the plan and the untrained model's reward spread."""
-    cfg, task, synthetic = metrics["config"], metrics["task"], metrics["synthetic"]
-    model = metrics["model"]
-    lines = [
-        (f"Task: {'synthetic ' if synthetic['task'] else ''}{task['reward']} on {metrics['data']['rows']} "
-         f"{metrics['data']['source']} rows" + (f" (target sets {task['target_sets']}, each derived from its prompt in "
-                                               f"{task['rows_set_from_prompt']} of {task['rows']} rows)"
-                                               if task.get("target_sets") else "") +
-         f"; model {cfg['model']} ({'random-init' if synthetic['model'] else 'real weights'}"
-         + (f", {model['parameters']:,} parameters" if model.get("parameters") else "") + ")."),
-        (f"Plan: {', '.join(p['run'] for p in metrics['plan'])}; {cfg['steps']} steps each, {cfg['train_batch_size']} "
-         f"prompts x {cfg['rollout_n']}, lr {cfg['lr']:g}, seed {cfg['model_seed']}."),
-    ]
-    probe = metrics.get("probe")
-    if probe and probe["groups"]:
-        spreads = ", ".join(format(g["std"], ".3f") for g in probe["groups"])
-        lines.append(f"Untrained model, {probe['samples_per_group']} samples of {probe['max_tokens']} tokens per prompt on "
-                     f"the CPU: mean reward {probe['mean']:.3f}; spread within each group (std) {spreads}.")
-    return lines
-
-
-def _comparison_lines(a: dict[str, Any]) -> list[str]:
-    """Whether each run learns, the run-to-run noise, and the compared arm against the baseline runs."""
-    lines = []
-    for name, r in a["per_run"].items():
-        lines.append(f"{name}: reward {_f(r['reward_first'])} over the first {a['criteria']['window']} steps, "
-                     f"{_f(r['reward_last'])} over the last (gain {_f(r['gain'], '+.3f')}): "
-                     f"{'learns' if r['learned'] else 'does NOT learn'} (bar: gain >= {a['criteria']['min_gain']:g}).")
-    noise, comp = a["noise"], a["compare"]
-    if noise["curve_distance"] is not None:
-        lines.append(f"Run-to-run noise ({len(noise['pairs'])} pair(s) of {a['criteria']['baseline_arm']} runs): mean "
-                     f"|reward difference| per step {noise['curve_distance']:.4f}, last-window spread "
-                     f"{_f(noise['last_window_spread'], '.4f')}.")
-    if comp:
-        lines.append(f"{comp['run']} against the baseline runs: mean |reward difference| per step "
-                     f"{_f(comp['mean_distance'], '.4f')} (threshold {comp['threshold']:.4f} = max({a['criteria']['noise_factor']:g}"
-                     f" x noise, floor {a['criteria']['noise_floor']:g})): "
-                     f"{'within' if comp['within_noise'] else 'OUTSIDE'} the noise; last-window reward "
-                     f"{_f(comp['last_window_difference'], '+.4f')} against the baseline mean.")
-        steps = comp["per_step"]
-        if steps:
-            worst = steps["worst"]
-            lines.append(f"Step by step: {comp['run']} lies within the baseline runs' range at {steps['in_range']} of "
-                         f"{steps['steps']} steps (with two repeats, a third run of the same arm falls in that range only "
-                         f"a third of the time) and within max({a['criteria']['noise_factor']:g} x their range, floor "
-                         f"{a['criteria']['noise_floor']:g}) of their mean at {steps['within_band']} of {steps['steps']};"
-                         f" the closest call is step {worst['step']} ({worst['difference']:+.4f} against a band of "
-                         f"{worst['band']:.4f}).")
-    return lines
-
-
-def _collapse_lines(metrics: dict[str, Any]) -> list[str]:
-    """Where the entropy collapsed, and the comparison over the steps before it."""
-    a, lines = metrics["analysis"], []
-    collapsed = {n: r["entropy_collapsed_at"] for n, r in a["per_run"].items() if r["entropy_collapsed_at"]}
-    if collapsed:
-        lines.append(f"Entropy collapse (at most {ENTROPY_COLLAPSE:.0%} of step 1's): "
-                     + ", ".join(f"{n} from step {s}" for n, s in collapsed.items())
-                     + ". After it each prompt's samples are nearly identical, the group advantages and the updates "
-                       "vanish, and the curves' agreement says little: the steps before it carry the comparison.")
-    before = metrics.get("analysis_before_collapse")
-    if before and before["compare"]:
-        b, steps = before["compare"], before["compare"]["per_step"] or {}
-        lines.append(f"Before the first collapse (steps 1-{before['last_step']}), the same analysis: noise "
-                     f"{_f(before['noise']['curve_distance'], '.4f')}, {b['run']} at {_f(b['mean_distance'], '.4f')} "
-                     f"(threshold {b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
-                     f"{steps.get('steps', '-')} steps: {'passed' if before['verdict']['passed'] else 'not passed'}.")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

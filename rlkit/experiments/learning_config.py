@@ -3,8 +3,9 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from rlkit.core import params as P
 
@@ -19,8 +20,11 @@ class Config:
     data_rows: int  # synthetic rows / cap on unique real rows (0 = all)
     reward: Literal["target_chars", "dapo_math", "synthetic_hash"]  # target_chars: the learnable task
     baseline_arm: str  # rlkit.recipes.grpo.ARMS: the reference (run `repeats` times)
-    compare_arm: str  # rlkit.recipes.grpo.ARMS: compared against the baseline's run-to-run noise
+    compare_arm: str  # rlkit.recipes.grpo.ARMS: the arm the compared variant starts from
+    compare_overrides: dict[str, Any]  # GRPORecipe fields set on top of compare_arm's (the variant's levers)
+    compare_name: str  # the compared variant's name: its runs are <compare_name>.r1, .r2, ...
     repeats: int  # runs of the baseline arm (>= 2: their spread is the noise)
+    compare_repeats: int  # runs of the compared variant (>= 2: so that it has a spread too)
     steps: int  # GRPO steps per run
     max_prompt_length: int
     max_response_length: int
@@ -36,8 +40,8 @@ class Config:
     timeout_s: int  # wall-clock limit of one verl run
     window: int  # steps averaged at the start and at the end of a reward curve
     min_gain: float  # reward rise (last window - first window) a run needs to count as learning
-    noise_factor: float  # compared arm within noise: its distance <= noise_factor x the repeats' distance
-    noise_floor: float  # ... or <= this (reward units), when the repeats agree more closely
+    noise_factor: float  # compared run within noise: its distance <= noise_factor x the repeats' distance (the band:
+    # noise_factor x their range at each step, at least their measured mean range per step; no fixed floor)
     probe_groups: int  # prompts whose samples from the untrained model are scored on the CPU (0: none)
     runs_dir: str  # "" : the runs go inside the results folder; else a folder whose launched runs are reused
     launch_limit: int  # launch at most this many runs in one invocation (0: no limit)
@@ -48,25 +52,79 @@ class Config:
     def __post_init__(self) -> None:
         from rlkit.recipes.grpo import ARMS
 
-        def bad(key: str, why: str, fix: str) -> None:
-            raise P.ParamError(f"Config.{key}: {why}. Fix: {fix}")
-
         for key in ("baseline_arm", "compare_arm"):
             if getattr(self, key) not in ARMS or ARMS[getattr(self, key)].get("expect_failure"):
-                bad(key, f"{getattr(self, key)!r} is not an arm that trains", f"one of {[a for a in ARMS if a != '0-stock']}")
-        if self.baseline_arm == self.compare_arm:
-            bad("compare_arm", "is the baseline arm", "compare another arm, e.g. 5-master-on-host-cast-once")
-        if self.repeats < 2:
-            bad("repeats", f"{self.repeats} baseline run(s) measure no noise", "use 2 or more")
+                _bad(key, f"{getattr(self, key)!r} is not an arm that trains", f"one of {[a for a in ARMS if a != '0-stock']}")
+        self._check_variant()
+        for key in ("repeats", "compare_repeats"):
+            if getattr(self, key) < 2:
+                _bad(key, f"{getattr(self, key)} run(s) have no run-to-run spread", "use 2 or more")
         if self.window < 1 or 2 * self.window > self.steps:
-            bad("window", f"{self.window} does not give two disjoint windows in {self.steps} steps",
-                "use 1 <= window <= steps / 2")
-        for key in ("min_gain", "noise_floor", "noise_factor", "lr"):
+            _bad("window", f"{self.window} does not give two disjoint windows in {self.steps} steps",
+                 "use 1 <= window <= steps / 2")
+        for key in ("min_gain", "noise_factor", "lr"):
             if not getattr(self, key) > 0:
-                bad(key, f"{getattr(self, key)} is not positive", "use a positive value")
+                _bad(key, f"{getattr(self, key)} is not positive", "use a positive value")
         for key in ("probe_groups", "launch_limit"):
             if getattr(self, key) < 0:
-                bad(key, f"{getattr(self, key)} is negative", "use 0 (off / no limit) or a positive count")
+                _bad(key, f"{getattr(self, key)} is negative", "use 0 (off / no limit) or a positive count")
         if self.parallel < 1:
-            bad("parallel", f"{self.parallel} runs at once", "use 1 (one after the other) or more")
+            _bad("parallel", f"{self.parallel} runs at once", "use 1 (one after the other) or more")
 
+    def _check_variant(self) -> None:
+        """The compared variant: a name of its own, levers that are recipe fields not shared by every run, and
+        values its recipe accepts."""
+        from rlkit.recipes.grpo import GRPORecipe
+
+        if not isinstance(self.compare_overrides, dict):
+            _bad("compare_overrides", f"{self.compare_overrides!r} is not a mapping", "a mapping of GRPORecipe "
+                 "fields to values, e.g. {rmsnorm: compiled}, or {} for the arm as it is")
+        fields = P.field_names(GRPORecipe)
+        for key in self.compare_overrides:
+            if key not in fields:
+                _bad("compare_overrides", f"{key!r} is not a field of rlkit.recipes.grpo.GRPORecipe",
+                     f"correct the spelling or remove it (the fields it may set: {[f for f in fields if f not in SHARED]})")
+            if key in SHARED:
+                _bad("compare_overrides", f"{key!r} is the workload every run shares, set by Config.{SHARED[key]}",
+                     f"remove it; to change it for both sides set {SHARED[key]}")
+        if not _SAFE_NAME.fullmatch(self.compare_name) or self.compare_name == self.baseline_arm:
+            _bad("compare_name", f"{self.compare_name!r} is not a name of its own for the compared runs' folders",
+                 "letters, digits, '.', '_' or '-', other than baseline_arm, e.g. 5-fastest")
+        if self.compare_arm == self.baseline_arm and not self.compare_overrides:
+            _bad("compare_arm", "is the baseline arm with no overrides", "compare another arm, e.g. "
+                 "5-master-on-host-cast-once, or give compare_overrides")
+        try:
+            P.build(GRPORecipe, compare_recipe_values(self), where="the compared variant's recipe")
+        except P.ParamError as err:
+            _bad("compare_overrides", f"its recipe is refused ({err})", "change the value the message names")
+
+
+# Recipe fields every run shares, set from the Config field named: not a lever of the compared variant.
+SHARED = {key: key for key in (
+    "model", "model_seed", "data", "data_rows", "reward", "max_prompt_length", "max_response_length",
+    "train_batch_size", "rollout_n", "lr", "ppo_max_token_len_per_gpu", "gpu_memory_utilization", "enforce_eager",
+    "steps", "ray_num_cpus", "verify_before_launch", "launch", "timeout_s", "attn_implementation",
+    "use_remove_padding")} | {"ppo_mini_batch_size": "train_batch_size", "n_gpus": "(one GPU per run)"}
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _bad(key: str, why: str, fix: str) -> None:
+    raise P.ParamError(f"Config.{key}: {why}. Fix: {fix}")
+
+
+def workload_values(cfg: Config) -> dict[str, Any]:
+    """The recipe fields every run shares (:data:`SHARED`), from ``cfg``: the profile's workload on one GPU."""
+    values = {key: getattr(cfg, key) for key, source in SHARED.items() if source == key}
+    return {**values, "ppo_mini_batch_size": cfg.train_batch_size, "n_gpus": 1}
+
+
+def recipe_values(cfg: Config, arm: str) -> dict[str, Any]:
+    """The recipe fields of one run of ``arm`` as it is (the baseline's): the workload and the arm's fields."""
+    from rlkit.recipes.grpo import arm_values
+
+    return {**workload_values(cfg), **arm_values(arm)}
+
+
+def compare_recipe_values(cfg: Config) -> dict[str, Any]:
+    """The recipe fields of one run of the compared variant: compare_arm's, then compare_overrides on top."""
+    return {**recipe_values(cfg, cfg.compare_arm), **cfg.compare_overrides}

@@ -11,7 +11,7 @@ from typing import Any
 
 from rlkit.core import params as P
 from rlkit.core.env import REPO_ROOT
-from rlkit.experiments.learning_config import Config
+from rlkit.experiments.learning_config import Config, compare_recipe_values, recipe_values
 from rlkit.measure.environment import environment_report
 
 HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
@@ -19,25 +19,28 @@ HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GP
 
 
 def run_plan(cfg: Config) -> list[tuple[str, str]]:
-    """``(run name, arm)`` in launch order: baseline, compared arm, then the baseline's repeats."""
-    names = [(f"{cfg.baseline_arm}.r1", cfg.baseline_arm), (f"{cfg.compare_arm}.r1", cfg.compare_arm)]
-    return names + [(f"{cfg.baseline_arm}.r{i}", cfg.baseline_arm) for i in range(2, cfg.repeats + 1)]
+    """``(run name, side)`` in launch order, the side being ``baseline_arm`` or ``compare_name``: the two sides'
+    first runs, then their second ones, and so on (``repeats`` of the baseline, ``compare_repeats`` of the
+    compared variant), so that a capped invocation (``launch_limit``) still adds runs of both."""
+    plan = []
+    for i in range(1, max(cfg.repeats, cfg.compare_repeats) + 1):
+        plan += [(f"{side}.r{i}", side) for side, n in ((cfg.baseline_arm, cfg.repeats),
+                                                         (cfg.compare_name, cfg.compare_repeats)) if i <= n]
+    return plan
 
 
-def build_recipe(cfg: Config, arm: str):
-    """The GRPO recipe of one run: the profile's workload on one GPU with the arm's patches and optimizer."""
-    from rlkit.recipes.grpo import GRPORecipe, arm_values
+def arm_of(cfg: Config, side: str) -> str:
+    """The arm of :data:`rlkit.recipes.grpo.ARMS` a side's runs start from."""
+    return cfg.compare_arm if side == cfg.compare_name else side
 
-    values = {"model": cfg.model, "model_seed": cfg.model_seed, "data": cfg.data, "data_rows": cfg.data_rows,
-              "reward": cfg.reward, "max_prompt_length": cfg.max_prompt_length,
-              "max_response_length": cfg.max_response_length, "train_batch_size": cfg.train_batch_size,
-              "rollout_n": cfg.rollout_n, "ppo_mini_batch_size": cfg.train_batch_size, "lr": cfg.lr,
-              "ppo_max_token_len_per_gpu": cfg.ppo_max_token_len_per_gpu, "n_gpus": 1,
-              "gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager,
-              "steps": cfg.steps, "ray_num_cpus": cfg.ray_num_cpus, "verify_before_launch": cfg.verify_before_launch,
-              "launch": cfg.launch, "timeout_s": cfg.timeout_s, "attn_implementation": cfg.attn_implementation,
-              "use_remove_padding": cfg.use_remove_padding, **arm_values(arm)}
-    return P.build(GRPORecipe, values, where=f"the recipe of arm {arm}")
+
+def build_recipe(cfg: Config, side: str):
+    """The GRPO recipe of one run of ``side``: the profile's workload on one GPU with the arm's patches and
+    optimizer, and for the compared variant its ``compare_overrides`` on top."""
+    from rlkit.recipes.grpo import GRPORecipe
+
+    values = compare_recipe_values(cfg) if side == cfg.compare_name else recipe_values(cfg, side)
+    return P.build(GRPORecipe, values, where=f"the recipe of {side}")
 
 
 def _runs_root(cfg: Config, out: Path) -> Path:
@@ -66,7 +69,7 @@ def saved_run(run_dir: Path, recipe) -> dict[str, Any] | None:
 
 def run_all(cfg: Config, out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every planned run, read back from ``runs_dir`` or run by :func:`rlkit.experiments.grpo.run` into its own results folder;
-    returns ``{name: {"arm", "folder", "reused", "metrics"}}`` and the names left for a later invocation. Up to
+    returns ``{name: {"arm", "variant", "folder", "reused", "metrics"}}`` and the names left for a later invocation. Up to
     ``parallel`` runs go at once (threads, each waiting on its own verl session); where nothing is launched (no
     GPU), a repeat whose identical recipe was already checked is not checked again (before the launch nothing
     differs). One run's failure lets the runs beside it finish and be saved, then is raised."""
@@ -75,38 +78,40 @@ def run_all(cfg: Config, out: Path) -> tuple[dict[str, dict[str, Any]], list[str
     root = _runs_root(cfg, out)
     where = f"{cfg.runs_dir.rstrip('/')}/" if cfg.runs_dir else "runs/"  # as the results folder says it
     done, queue = {}, []
-    for name, arm in run_plan(cfg):
-        recipe = build_recipe(cfg, arm)
+    for name, side in run_plan(cfg):
+        recipe = build_recipe(cfg, side)
         metrics = saved_run(root / name, recipe)
         if metrics is not None:
-            done[name] = {"arm": arm, "folder": where + name, "reused": "read back", "metrics": metrics}
+            done[name] = {"arm": arm_of(cfg, side), "variant": side, "folder": where + name, "reused": "read back",
+                          "metrics": metrics}
         else:
-            queue.append((name, arm, recipe))
+            queue.append((name, side, recipe))
     will_launch = bool(queue) and verl_job.launch_decision(queue[0][2].launch, queue[0][2].n_gpus, HOW_TO_RUN)[0]
     dry, launches, pending = {}, 0, []
     while queue:
         batch, rest = [], []
-        for name, arm, recipe in queue:
+        for name, side, recipe in queue:
             if recipe in dry:
-                done[name] = {"arm": arm, "folder": where + dry[recipe], "reused": f"not launched, as {dry[recipe]}",
-                              "metrics": done[dry[recipe]]["metrics"]}
+                done[name] = {"arm": arm_of(cfg, side), "variant": side, "folder": where + dry[recipe],
+                              "reused": f"not launched, as {dry[recipe]}", "metrics": done[dry[recipe]]["metrics"]}
             elif cfg.launch_limit and launches + len(batch) >= cfg.launch_limit:
                 pending.append(name)
             elif len(batch) < cfg.parallel and (will_launch or all(recipe != r for _, _, r in batch)):
-                batch.append((name, arm, recipe))
+                batch.append((name, side, recipe))
             else:
-                rest.append((name, arm, recipe))
-        for (name, arm, recipe), metrics in zip(batch, _run_batch(root, batch)):
+                rest.append((name, side, recipe))
+        for (name, side, recipe), metrics in zip(batch, _run_batch(root, batch)):
             launches += bool(metrics["launched"])
             if not metrics["launched"]:
                 dry[recipe] = name
-            done[name] = {"arm": arm, "folder": where + name, "reused": None, "metrics": metrics}
+            done[name] = {"arm": arm_of(cfg, side), "variant": side, "folder": where + name, "reused": None,
+                          "metrics": metrics}
         queue = rest
     return {name: done[name] for name, _ in run_plan(cfg) if name in done}, pending
 
 
 def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
-    """The metrics of each ``(name, arm, recipe)`` of ``batch``, run side by side, each written whole into
+    """The metrics of each ``(name, side, recipe)`` of ``batch``, run side by side, each written whole into
     ``root/name`` (or left ``.failed``); the first failure is raised once every run of the batch has ended. An
     interrupt while waiting stops the runs' verl sessions first (they wait in the pool's threads)."""
     from concurrent.futures import ThreadPoolExecutor, wait
@@ -124,6 +129,8 @@ def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, 
             folder.write_metrics(metrics)
         return metrics
 
+    if not batch:  # every run of this round was a repeat of a checked recipe (no GPU): nothing to run
+        return []
     pool = ThreadPoolExecutor(max_workers=len(batch))
     futures = [pool.submit(one, name, recipe) for name, _, recipe in batch]
     try:
@@ -137,15 +144,17 @@ def _run_batch(root: Path, batch: list[tuple[str, str, Any]]) -> list[dict[str, 
 
 
 def run_row(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """One run in a few fields: arm, folder, whether it was launched (or read back) and how it ended; ``patches``
-    are the ones the run applies (the arm's and its workload levers', :attr:`rlkit.recipes.grpo.GRPORecipe.active_patches`)."""
+    """One run in a few fields: arm, variant (its side: the baseline arm or the compared variant's name), folder,
+    whether it was launched (or read back) and how it ended; ``patches`` are the ones the run applies (the arm's and
+    its levers', :attr:`rlkit.recipes.grpo.GRPORecipe.active_patches`)."""
     from rlkit.experiments import grpo_runs
     from rlkit.recipes.grpo import GRPORecipe
 
     m = entry["metrics"]
     recipe = P.build(GRPORecipe, m["recipe"], where=f"the recipe of {name}")
     summary = m.get("summary") or {}
-    return {"run": name, "arm": entry["arm"], "folder": entry["folder"], "reused": entry["reused"],
+    return {"run": name, "arm": entry["arm"], "variant": entry.get("variant", entry["arm"]), "folder": entry["folder"],
+            "reused": entry["reused"],
             "launched": m["launched"], "outcome": grpo_runs.outcome(m), "launch_reason": m["launch_reason"],
             "patches": list(recipe.active_patches), "optimizer": m["recipe"]["optimizer"],
             "verified_patches": (m.get("verify") or {}).get("active_patches"), "step_s": summary.get("step_s"),

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from rlkit.analysis.learning_curves import compared_runs
 from rlkit.core.results import OUTPUTS_DIR, committed_runs, fmt
 
 GIB = 2**30
@@ -35,23 +36,23 @@ def run_commit(run_dir: Path) -> str:
 
 
 def offload_section(m: dict) -> list[str]:
-    lines = [f"**FSDP1 NO_SHARD offload** ({m['model']}, {m['model_params']:,} parameters, {m['model_gib']:.3f} GiB fp32; "
-             f"{source('01_offload_bug')}). Device GiB allocated:", "",
+    lines = [(f"**FSDP1 NO_SHARD offload** ({m['model']}, {m['model_params']:,} parameters, {m['model_gib']:.3f} GiB fp32; "
+             f"{source('01_offload_bug')}). Device GiB allocated:"), "",
              "| use_orig_params | forward first | fix | after wrap | after offload | after reload |", "|---|---|---|---|---|---|"]
     for r in m["rows"]:
         lines.append(f"| {r['use_orig_params']} | {r['forward_first']} | {r['fix']} | {r['after_wrap_gib']:.3f} | "
                      f"{r['after_offload_gib']:.3f} | {r['after_reload_gib']:.3f} |")
     g = m["grad_sync"]
-    lines += ["", f"Gradients across 2 ranks after backward ({g['model']} model, {g['backend']} on {g['device']}): "
+    lines += ["", (f"Gradients across 2 ranks after backward ({g['model']} model, {g['backend']} on {g['device']}): "
               f"max abs difference {g['max_abs_grad_diff_without_fix']:.3e} without the NO_SHARD fix, "
-              f"{g['max_abs_grad_diff_with_fix']:.1e} with it."]
+              f"{g['max_abs_grad_diff_with_fix']:.1e} with it.")]
     return lines
 
 
 def host_adamw_section(m: dict) -> list[str]:
     s = m["summary"]
-    lines = [f"**HostAdamW, Qwen3-4B update phase** (one H200 capped at {m['config']['memory_cap_gib']:g} GiB per process; "
-             f"{source('02_host_adamw')}):", "",
+    lines = [(f"**HostAdamW, Qwen3-4B update phase** (one H200 capped at {m['config']['memory_cap_gib']:g} GiB per process; "
+             f"{source('02_host_adamw')}):"), "",
              "| arm | status | optimizer phase (s) | peak device GiB | Adam state per rank (GiB) |", "|---|---|---|---|---|"]
     for a in m["arms"]:
         adam = ", ".join(f"{r['adam_state_bytes'] / GIB:.2f}" for r in a.get("per_rank", []))
@@ -59,11 +60,11 @@ def host_adamw_section(m: dict) -> list[str]:
         lines.append(f"| {a['arm']} | {a['status']} | {opt} | {a['peak_device_gib']:.2f} | {adam} |")
     bw = m["bench_copy"]["gbps"]
     eff = s["transfer_efficiency_vs_pinned_bench"]["host_pinned"]
-    lines += ["", f"Pinned copies: {bw['h2d_pinned']:.1f} GB/s H2D, {bw['d2h_pinned']:.1f} GB/s D2H (pageable "
+    lines += ["", (f"Pinned copies: {bw['h2d_pinned']:.1f} GB/s H2D, {bw['d2h_pinned']:.1f} GB/s D2H (pageable "
               f"{bw['h2d_pageable']:.1f} / {bw['d2h_pageable']:.1f}); the pinned arm's transfers reach "
               f"{eff['grad_d2h']:.0%} (grad D2H) and {eff['param_h2d']:.0%} (param H2D) of that. Host step throughput "
               f"{s['host_step_vs_torch_fused']:.2f} x torch's fused CPU AdamW. Parity with torch AdamW: {s['parity_ok']}. "
-              f"Rank-0 owner: weights bit-identical on every rank after the step: {all(s['cross_rank_identical'].values())}."]
+              f"Rank-0 owner: weights bit-identical on every rank after the step: {all(s['cross_rank_identical'].values())}.")]
     shared = [a["arm"] for a in m["arms"] if a.get("shared_gpu")]
     if shared:
         lines[-1] += (f" {', '.join(shared)} ran both ranks on one GPU with every collective on "
@@ -73,18 +74,18 @@ def host_adamw_section(m: dict) -> list[str]:
 
 def cast_once_section(m: dict) -> list[str]:
     per_arm, d = m["summary"]["per_arm"], m["summary"]["D_vs_A"]
-    lines = [f"**Master on host / cast-once, Qwen3-4B** ({m['config']['num_sequences']} x {m['config']['seq_len']} tokens, "
+    lines = [(f"**Master on host / cast-once, Qwen3-4B** ({m['config']['num_sequences']} x {m['config']['seq_len']} tokens, "
              f"{m['config']['num_sequences'] // m['config']['micro_batch_size']} micro-batches, "
-             f"{m['config']['memory_cap_gib']:g} GiB cap; {source('03_cast_once')}):", "",
+             f"{m['config']['memory_cap_gib']:g} GiB cap; {source('03_cast_once')}):"), "",
              "| arm | peak device GiB | step (s) | casts/step | fp32 read/step (GiB) |", "|---|---|---|---|---|"]
     for name, r in per_arm.items():
         lines.append(f"| {name} | {r['peak_device_gib']:.2f} | {r['step_seconds']:.3f} | {r['casts_per_step']} | "
                      f"{r['bytes_read_per_step'] / GIB:.2f} |")
-    lines += ["", f"D vs A: {d['peak_saving_gib']:.2f} GiB lower peak, step time x{d['step_time_ratio']:.3f}; "
+    lines += ["", (f"D vs A: {d['peak_saving_gib']:.2f} GiB lower peak, step time x{d['step_time_ratio']:.3f}; "
               f"resident bf16 copy equal to a fresh cast of the master at every step: {m['summary']['resident_copy_fresh']}. "
               "With the GPU's default kernels the baseline does not reproduce itself (see notebook 03 and "
               "`outputs/03_cast_once/h200-rerun-A/`); in deterministic mode every arm is bit-identical to A on the GPU "
-              "too (the determinism table below), as on the CPU."]
+              "too (the determinism table below), as on the CPU.")]
     return lines
 
 
@@ -116,10 +117,10 @@ def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
     tag = "h200-deterministic"
     header = ("| notebook | commit | checks | bit-exact | largest patched vs unpatched | largest unpatched vs itself | "
               "ops torch refused |")
-    lines = ["**GPU parity in deterministic mode** (one H200; `torch.use_deterministic_algorithms(True)` in its raising "
+    lines = [("**GPU parity in deterministic mode** (one H200; `torch.use_deterministic_algorithms(True)` in its raising "
              "mode, cuDNN deterministic, `CUBLAS_WORKSPACE_CONFIG` from the launcher, fixed seeds; each check is the "
              "patched run against the unpatched one, next to the unpatched run against a repeat of itself; "
-             f"`outputs/<notebook>/{tag}/metrics.json`):", "", header, "|" + "---|" * (header.count("|") - 1)]
+             f"`outputs/<notebook>/{tag}/metrics.json`):"), "", header, "|" + "---|" * (header.count("|") - 1)]
     rows = 0
     for notebook in DETERMINISM_NOTEBOOKS:
         m = load_committed(notebook, tag, root)
@@ -141,6 +142,11 @@ def determinism_section(root: Path = OUTPUTS_DIR) -> list[str]:
     return lines if rows else [f"*No committed {tag} results yet.*"]
 
 
+def _rising_words(rising: dict[str, int] | None) -> str:
+    return (f" (in the rising part: inside at {rising['in_range']} of {rising['steps']}, within the band at "
+            f"{rising['within_band']})" if rising else "")
+
+
 def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """Notebook 07's GPU runs (``outputs/07_does_it_learn/h200/metrics.json``): does GRPO still learn with the
     patches, against the run-to-run noise of the baseline arm."""
@@ -152,30 +158,39 @@ def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
     runs_dir = root / "07_does_it_learn" / Path(cfg["runs_dir"]).name
     header = (f"| run | commit | steps | reward, first {window} steps | reward, last {window} | learns | "
               "entropy collapsed at step |")
-    lines = [f"**Does it still learn** (synthetic task and random-init model: `{cfg['reward']}` on "
+    lines = [(f"**Does it still learn** (synthetic task and random-init model: `{cfg['reward']}` on "
              f"{m['data']['rows']} synthetic rows, {cfg['model']}; {cfg['train_batch_size']} prompts x "
-             f"{cfg['rollout_n']}, lr {cfg['lr']:g}, one H200, the runs side by side; {source('07_does_it_learn')}):",
+             f"{cfg['rollout_n']}, lr {cfg['lr']:g}, one H200, the runs side by side; {source('07_does_it_learn')}):"),
              "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, r in a["per_run"].items():
         lines.append(f"| {name} | {run_commit(runs_dir / name)} | {r['steps_trained']} | {fmt(r['reward_first'], '.3f')} | "
                      f"{fmt(r['reward_last'], '.3f')} | {r['learned']} | {fmt(r['entropy_collapsed_at'], 'd')} |")
-    comp, v = a["compare"], a["verdict"]
-    if comp:
-        steps = comp["per_step"] or {}
-        lines += ["", f"Noise (the two {a['criteria']['baseline_arm']} runs): {fmt(a['noise']['curve_distance'], '.4f')} "
-                      f"mean |reward difference| per step. {comp['run']}: {fmt(comp['mean_distance'], '.4f')} from them "
-                      f"(threshold {comp['threshold']:.4f}); within max({a['criteria']['noise_factor']:g} x their "
-                      f"range, {a['criteria']['noise_floor']:g}) of their mean at {steps.get('within_band', '-')} of "
-                      f"{steps.get('steps', '-')} steps, inside their range at {steps.get('in_range', '-')}. "
-                      f"Verdict: {'passed' if v['passed'] else 'not passed'}."]
+    comps, v = compared_runs(a), a["verdict"]
+    if comps:
+        crit = a["criteria"]
+        floor = (f"{crit['noise_floor']:g}" if crit["noise_floor"] is not None
+                 else f"their measured mean range per step, {fmt(a['noise'].get('floor'), '.4f')}")
+        spread = a.get("compare_spread")
+        words = [f"{comp['run']}: {fmt(comp['mean_distance'], '.4f')} from them (threshold {comp['threshold']:.4f}); "
+                 f"within max({crit['noise_factor']:g} x their range, {floor}) of their mean at "
+                 f"{(comp['per_step'] or {}).get('within_band', '-')} of {(comp['per_step'] or {}).get('steps', '-')} "
+                 f"steps, inside their range at {(comp['per_step'] or {}).get('in_range', '-')}"
+                 + _rising_words((comp["per_step"] or {}).get("rising")) + "." for comp in comps.values()]
+        n_base = v["baseline_runs"]
+        lines += ["", f"Noise (the {'two' if n_base == 2 else n_base} "
+                      f"{crit['baseline_arm']} runs): {fmt(a['noise']['curve_distance'], '.4f')} mean |reward difference| "
+                      f"per step. " + " ".join(words)
+                  + (f" The compared runs' own spread: {fmt(spread['curve_distance'], '.4f')}." if spread
+                     else (" One compared run: no compared spread." if "compare_spread" in a else ""))
+                  + f" Verdict: {'passed' if v['passed'] else 'not passed'}."]
     before = m.get("analysis_before_collapse")
-    if before and before["compare"]:
-        b, steps = before["compare"], before["compare"]["per_step"] or {}
-        lines += ["", f"The same over the steps before the first entropy collapse (1-{before['last_step']}), where the "
+    if before and compared_runs(before):
+        words = [f"{b['run']} {fmt(b['mean_distance'], '.4f')} from the baseline runs (threshold {b['threshold']:.4f}), "
+                 f"within the band at {(b['per_step'] or {}).get('within_band', '-')} of "
+                 f"{(b['per_step'] or {}).get('steps', '-')} steps" for b in compared_runs(before).values()]
+        lines += ["", (f"The same over the steps before the first entropy collapse (1-{before['last_step']}), where the "
                       f"updates still move the policy: noise {fmt(before['noise']['curve_distance'], '.4f')}, "
-                      f"{b['run']} {fmt(b['mean_distance'], '.4f')} from the baseline runs (threshold "
-                      f"{b['threshold']:.4f}), within the band at {steps.get('within_band', '-')} of "
-                      f"{steps.get('steps', '-')} steps. Verdict: {'passed' if before['verdict']['passed'] else 'not passed'}."]
+                      f"{'; '.join(words)}. Verdict: {'passed' if before['verdict']['passed'] else 'not passed'}.")]
     return lines
 
 

@@ -36,33 +36,38 @@ def curves_grid(metrics: dict[str, Any], names: tuple[str, ...] = ("grad_norm", 
     return fig
 
 
+def _side(metrics: dict[str, Any], name: str) -> str:
+    """The side a run is on: its variant (the baseline arm or the compared variant), or before issue 46 its arm."""
+    return metrics["runs"][name].get("variant", metrics["runs"][name]["arm"])
+
+
 def _add_curves(fig, metrics, curve, row=None, col=None, legend=True) -> None:
-    colours = {metrics["config"]["baseline_arm"]: "#1f77b4", metrics["config"]["compare_arm"]: "#d62728"}
+    cfg = metrics["config"]
+    colours = {cfg["baseline_arm"]: "#1f77b4", cfg.get("compare_name", cfg["compare_arm"]): "#d62728"}
     for i, (name, per_curve) in enumerate(metrics["curves"].items()):
         points = per_curve.get(curve) or []
-        arm = metrics["runs"][name]["arm"]
+        arm = _side(metrics, name)
         fig.add_scatter(x=[s for s, _ in points], y=[v for _, v in points], mode="lines+markers", name=name,
                         legendgroup=name, showlegend=legend, marker={"size": 4},
                         line={"color": colours.get(arm), "dash": "solid" if name.endswith(".r1") else "dot"},
                         **({"row": row, "col": col} if row else {}))
 
 
-def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, noise_floor: float,
+def reanalyze(metrics: dict[str, Any], *, window: int, noise_factor: float, noise_floor: float | None,
               last_step: int) -> dict[str, Any]:
     """:func:`~rlkit.analysis.learning_curves.analyze` over each run's steps up to ``last_step``, with these criteria
-    (the arms and ``min_gain`` as the experiment had them)."""
+    (the sides and ``min_gain`` as the experiment had them; ``noise_floor`` None: the measured floor)."""
     criteria = metrics["analysis"]["criteria"]
-    runs = LC.up_to({name: {"arm": metrics["runs"][name]["arm"], "steps": steps}
-                    for name, steps in metrics["steps"].items()}, last_step)
+    runs = LC.up_to(LC.analysis_runs(metrics), last_step)
     return LC.analyze(runs, baseline_arm=criteria["baseline_arm"], compare_arm=criteria["compare_arm"], window=window,
                      min_gain=criteria["min_gain"], noise_factor=noise_factor, noise_floor=noise_floor)
 
 
-def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float, last_step: int) -> None:
-    """The baseline runs' mean reward +- the compared arm's per-step band (:func:`~rlkit.analysis.learning_curves.baseline_band`),
-    shaded (translucent, over the runs' lines)."""
+def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floor: float | None, last_step: int) -> None:
+    """The baseline runs' mean reward +- the compared runs' per-step band (:func:`~rlkit.analysis.learning_curves.baseline_band`;
+    ``noise_floor`` None: the measured floor), shaded (translucent, over the runs' lines)."""
     base_arm = metrics["analysis"]["criteria"]["baseline_arm"]
-    base = [c["reward"] for n, c in metrics["curves"].items() if metrics["runs"][n]["arm"] == base_arm]
+    base = [c["reward"] for n, c in metrics["curves"].items() if _side(metrics, n) == base_arm]
     if len(base) < 2:
         return
     bands = {s: b for s, b in LC.baseline_band(base, noise_factor=noise_factor, noise_floor=noise_floor).items()
@@ -74,19 +79,42 @@ def band_traces(fig, metrics: dict[str, Any], *, noise_factor: float, noise_floo
                     fillcolor="rgba(31,119,180,0.15)", name=f"{base_arm} mean +- band", hoverinfo="skip")
 
 
+def count_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per compared run: its mean distance and threshold, and the literal count of steps inside the baseline
+    runs' range beside the band's count, over all steps, the rising part and the plateau ("-" where not split)."""
+    rows = []
+    for name, comp in LC.compared_runs(analysis).items():
+        steps = comp["per_step"] or {}
+        row = {"run": name, "mean distance": comp["mean_distance"], "threshold": comp["threshold"],
+               "steps": steps.get("steps")}
+        for part, counts in (("all", steps), ("rising", steps.get("rising")), ("plateau", steps.get("plateau"))):
+            row[f"inside range, {part}"] = f"{counts['in_range']} of {counts['steps']}" if counts else "-"
+            row[f"within band, {part}"] = f"{counts['within_band']} of {counts['steps']}" if counts else "-"
+        rows.append(row)
+    return rows
+
+
 def verdict_html(analysis: dict[str, Any]) -> str:
     rows = [{"run": name, "steps": r["steps_trained"], "reward first": r["reward_first"], "reward last": r["reward_last"],
              "gain": r["gain"], "learns": r["learned"], "entropy collapsed at": r["entropy_collapsed_at"]}
             for name, r in analysis["per_run"].items()]
-    comp, v = analysis["compare"], analysis["verdict"]
-    lines = []
-    if comp:
+    v, noise, lines = analysis["verdict"], analysis["noise"], []
+    floor = noise.get("floor", analysis["criteria"]["noise_floor"])
+    lines.append(f"Noise {fmt(noise['curve_distance'], '.4f')}; floor {fmt(floor, '.4f')} "
+                 f"({'measured' if analysis['criteria']['noise_floor'] is None else 'fixed'}); compared spread "
+                 + (fmt(analysis['compare_spread']['curve_distance'], '.4f') if analysis.get("compare_spread")
+                    else "none (one compared run)") + ".")
+    for name, comp in LC.compared_runs(analysis).items():
         steps = comp["per_step"] or {}
-        lines.append(f"{esc(comp['run'])}: mean distance {fmt(comp['mean_distance'], '.4f')} to the baseline runs "
-                     f"(threshold {comp['threshold']:.4f}); within the band at {steps.get('within_band', '-')} of "
-                     f"{steps.get('steps', '-')} steps, inside the repeats' range at {steps.get('in_range', '-')}.")
+        rising = steps.get("rising")
+        lines.append(f"{esc(name)}: mean distance {fmt(comp['mean_distance'], '.4f')} to the baseline runs "
+                     f"(threshold {comp['threshold']:.4f}); inside the baseline runs' range at {steps.get('in_range', '-')} "
+                     f"of {steps.get('steps', '-')} steps, within the band at {steps.get('within_band', '-')}"
+                     + (f"; rising part: inside at {rising['in_range']} of {rising['steps']}, band at "
+                        f"{rising['within_band']}" if rising else "") + ".")
     lines.append(f"<b>Verdict: {'passed' if v['passed'] else 'not passed'}</b> (every run learns: {v['all_learned']}; "
-                 f"within the noise: {v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']}).")
+                 f"within the noise: {v['compare_within_noise']}; at every step: {v['compare_every_step_within_band']}; "
+                 f"compared spread within the noise: {v.get('compare_spread_within_noise')}).")
     return html_table(rows) + "".join(f"<p>{line}</p>" for line in lines)
 
 
@@ -107,6 +135,12 @@ def draw(state: dict[str, Any], metrics: dict[str, Any]) -> View:
     return View(figures={"curve": fig}, texts={"verdict": verdict_html(analysis)})
 
 
+def _floor_options(own: float | None) -> list[tuple[str, float | None]]:
+    """The floor control's choices: the measured floor (the baseline runs' mean range per step), or a fixed one."""
+    fixed = sorted({0.0, 0.005, 0.01, 0.02, 0.05} | ({own} if own is not None else set()))
+    return [("measured", None)] + [(f"{f:g} (fixed)", f) for f in fixed]
+
+
 def learning_explorer(metrics: dict[str, Any]) -> Explorer:
     """The explorer over notebook 07's ``metrics``, starting at the experiment's own criteria and every step."""
     import ipywidgets as W
@@ -119,8 +153,8 @@ def learning_explorer(metrics: dict[str, Any]) -> Explorer:
         "window": W.IntSlider(value=criteria["window"], min=1, max=max(steps // 2, 1), description="window"),
         "noise_factor": W.FloatSlider(value=criteria["noise_factor"], min=0.5, max=5.0, step=0.5,
                                       description="noise factor"),
-        "noise_floor": W.FloatSlider(value=criteria["noise_floor"], min=0.0, max=0.1, step=0.005, readout_format=".3f",
-                                     description="noise floor"),
+        "noise_floor": W.Dropdown(options=_floor_options(criteria["noise_floor"]), value=criteria["noise_floor"],
+                                  description="noise floor"),
     }
     return Explorer(controls, functools.partial(draw, metrics=metrics), css="rlkit-learning", columns=3,
                     title="Learning explorer: the curves, and the analysis with other criteria or fewer steps")
