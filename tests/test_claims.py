@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from rlkit.analysis import learning_curves
 from rlkit.core.env import REPO_ROOT
 from rlkit.core.results import pct
 from rlkit.models import shape as model_shape
@@ -706,6 +707,56 @@ LAB_NOTES += [
     (L, "With that term the planner gives qwen3_4b_48g's old_log_prob 34.91 GiB against 38.56 GiB measured at util 0.5 "
         "(x1.10) and 39.14 GiB at util 0.6 (x1.12)",
      lambda: tuple(w for u in ("0.5", "0.6") for w in _old_log_prob_words(u))),
+]
+S27, NB07 = _session_readme(27), "nbs/params/07_does_it_learn.h200.yaml"
+
+
+def _no_machine_in_session27() -> bool:
+    return "Nothing ran; nothing came back." in _source_text(S27)
+
+
+def _notebook07_compares_the_fastest_variant() -> bool:
+    """Notebook 07's h200 profile runs arm 1 and arm 5 with every computation-changing lever of seed-best, twice each,
+    rlkit_varlen with remove-padding on both sides."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO_ROOT / NB07).read_text())
+    levers = {"host_overlap_copies": True, "rmsnorm": "compiled", "pointwise": "compiled", "logits": "chunked",
+              "replay_poll_s": 0.2}
+    return (cfg["baseline_arm"] == "1-fixes-hostadamw" and cfg["compare_arm"] == ARM5 and cfg["repeats"] >= 2
+            and cfg["compare_repeats"] >= 2 and levers.items() <= cfg["compare_overrides"].items()
+            and cfg["attn_implementation"] == "rlkit_varlen" and cfg["use_remove_padding"] is True)
+
+
+def _notebook07_lr_words() -> tuple | bool:
+    import yaml
+
+    cfg, committed = yaml.safe_load((REPO_ROOT / NB07).read_text()), _json("outputs/07_does_it_learn/h200/metrics.json")
+    halved = cfg["lr"] == committed["config"]["lr"] / 2
+    return (f"halves the lr to {cfg['lr']:.0e} over {cfg['steps']} steps".replace("e-0", "e-"),
+            f"later than at {committed['config']['lr']:.0e}".replace("e-0", "e-")) if halved else False
+
+
+def _never_committed(text: str) -> bool:
+    return not any(text in f.read_text(errors="replace") for f in (REPO_ROOT / "outputs").rglob("*.log"))
+
+
+LAB_NOTES += [
+    (L, "No machine for the whole session; notebook 07 compares the fastest variant (session 27)",
+     lambda: ("session 27", "compares the fastest variant")
+     if _no_machine_in_session27() and _notebook07_compares_the_fastest_variant() else False),
+    (L, "No call of session 27 got a machine", _says("No call of session 27 got a machine", _no_machine_in_session27)),
+    (L, "It has not run", _says("It has not run", lambda: _never_committed(
+        "test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_bytes"))),
+    (L, "- Notebook 07 now compares arm 1, run twice, with the fastest correct variant, run twice: arm 5 with the "
+        "overlapped copies, compiled RMSNorm and pointwise, chunked log-probs and the 0.2-s poll",
+     _says("run twice, with the fastest correct variant, run twice", _notebook07_compares_the_fastest_variant)),
+    (L, "(the steps before the baseline's mean reward covers 90% of its rise)",
+     lambda: (f"covers {learning_curves.PLATEAU_SHARE:.0%} of its rise",)),
+    (L, "The h200 profile halves the lr to 5e-4 over 50 steps so that the rise comes later than at 1e-3",
+     _notebook07_lr_words),
+    (L, "that choice is reasoned, not measured",
+     _says("reasoned, not measured", lambda: not (REPO_ROOT / "outputs/07_does_it_learn/h200-fast").exists())),
 ]
 CLAIMS += LAB_NOTES
 
