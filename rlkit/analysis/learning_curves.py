@@ -14,10 +14,10 @@ from typing import Any
 # a run's entropy at or below this share of its first step's: the policy samples nearly one response per prompt, so
 # the group's advantages, and with them the updates, vanish (the curves after it say little about the patches)
 ENTROPY_COLLAPSE = 0.01
-# verl's per-step metric behind each curve (verl 0.9.1 metric names)
 # the rising part of the reward ends at the first step where the baseline runs' mean reward has covered this share of its
 # rise (first window to last window); the steps from there on are the plateau (rising_part)
 PLATEAU_SHARE = 0.9
+# verl's per-step metric behind each curve (verl 0.9.1 metric names)
 CURVES = {"reward": "critic/score/mean", "grad_norm": "actor/grad_norm", "pg_loss": "actor/pg_loss",
           "entropy": "actor/entropy", "response_length": "response_length/mean"}
 
