@@ -718,9 +718,7 @@ def _no_machine_in_session27() -> bool:
 def _notebook07_compares_the_fastest_variant() -> bool:
     """Notebook 07's h200 profile runs arm 1 and arm 5 with every computation-changing lever of seed-best, twice each,
     rlkit_varlen with remove-padding on both sides."""
-    import yaml
-
-    cfg = yaml.safe_load((REPO_ROOT / NB07).read_text())
+    cfg = _yaml(NB07)
     levers = {"host_overlap_copies": True, "rmsnorm": "compiled", "pointwise": "compiled", "logits": "chunked",
               "replay_poll_s": 0.2}
     return (cfg["baseline_arm"] == "1-fixes-hostadamw" and cfg["compare_arm"] == ARM5 and cfg["repeats"] >= 2
@@ -729,9 +727,7 @@ def _notebook07_compares_the_fastest_variant() -> bool:
 
 
 def _notebook07_lr_words() -> tuple | bool:
-    import yaml
-
-    cfg, committed = yaml.safe_load((REPO_ROOT / NB07).read_text()), _json("outputs/07_does_it_learn/h200/metrics.json")
+    cfg, committed = _yaml(NB07), _json("outputs/07_does_it_learn/h200/metrics.json")
     halved = cfg["lr"] == committed["config"]["lr"] / 2
     return (f"halves the lr to {cfg['lr']:.0e} over {cfg['steps']} steps".replace("e-0", "e-"),
             f"later than at {committed['config']['lr']:.0e}".replace("e-0", "e-")) if halved else False
