@@ -97,6 +97,28 @@ def _capturing_context(caches: list):
     return context
 
 
+def _packed_qwen(layers: int, tokens: int, device: str):
+    """A Qwen3-4B-wide random model in bf16 (``layers`` layers, a 512-token vocabulary) with verl's checkpoint settings
+    and rlkit_varlen attention (its patch applied by the caller), and ``tokens`` packed input ids in two sequences."""
+    model = build_random_model("qwen3-4b", seed=0, dtype=torch.bfloat16, num_hidden_layers=layers, vocab_size=512)
+    model = model.to(device)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.set_attn_implementation(varlen_attention.NAME)
+    model.train()
+    ids = torch.randint(3, 512, (1, tokens), generator=torch.Generator().manual_seed(1)).to(device)
+    positions = torch.arange(tokens // 2).repeat(2).unsqueeze(0).to(device)
+    return model, ids, positions
+
+
+def _kept_bytes(kept: dict[int, torch.Tensor]) -> dict[torch.dtype, int]:
+    """The bytes of a selective cache's kept storages (:func:`_kept_storages`), per dtype."""
+    out: dict[torch.dtype, int] = {}
+    for t in kept.values():
+        out[t.dtype] = out.get(t.dtype, 0) + t.untyped_storage().nbytes()
+    return out
+
+
 def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
     """One Qwen3-4B-wide layer in bf16 on the CPU, 64 packed tokens (two sequences), attention through rlkit_varlen as
     the update profile selects it (on the CPU: per-sequence SDPA, the CPU flash kernel): the cache holds per token the
@@ -109,25 +131,17 @@ def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
     selective_checkpoint.apply()
     varlen_attention.PATCH.apply()
     try:
-        model = build_random_model("qwen3-4b", seed=0, dtype=torch.bfloat16, num_hidden_layers=1, vocab_size=512)
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.set_attn_implementation(varlen_attention.NAME)
-        model.train()
+        model, ids, positions = _packed_qwen(1, tokens, "cpu")
         seen = {}
         model.model.layers[0].register_forward_hook(
             lambda m, args, kwargs, out: seen.update(io=(kwargs.get("hidden_states", args[0] if args else None), out)),
             with_kwargs=True)
-        ids = torch.randint(3, 512, (1, tokens), generator=torch.Generator().manual_seed(1))
-        positions = torch.arange(tokens // 2).repeat(2).unsqueeze(0)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
         assert len(caches) == 1
         kept = _kept_storages(caches[0])
-        nbytes = lambda dtype: sum(t.untyped_storage().nbytes() for t in kept.values() if t.dtype == dtype)
-        assert {t.dtype for t in kept.values()} == {torch.bfloat16, torch.float32}
-        assert nbytes(torch.bfloat16) == tokens * budget._selective_elems_per_token_layer(shape) * 2
-        assert nbytes(torch.float32) == tokens * shape.heads * 4
+        assert _kept_bytes(kept) == {torch.bfloat16: tokens * budget._selective_elems_per_token_layer(shape) * 2,
+                                     torch.float32: tokens * shape.heads * 4}
         layer_io = {t.untyped_storage().data_ptr() for t in seen["io"] if isinstance(t, torch.Tensor)}
         assert len(layer_io) == 2 and not layer_io & kept.keys()
         loss.backward()
@@ -198,14 +212,7 @@ def _packed_qwen_layers_on_cuda(layers: str | None, caches: list, monkeypatch, t
     varlen_attention.PATCH.apply()
     torch.use_deterministic_algorithms(True)
     try:
-        model = build_random_model("qwen3-4b", seed=0, dtype=torch.bfloat16, num_hidden_layers=2, vocab_size=512)
-        model = model.cuda()
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.set_attn_implementation(varlen_attention.NAME)
-        model.train()
-        ids = torch.randint(3, 512, (1, tokens), generator=torch.Generator().manual_seed(1)).cuda()
-        positions = torch.arange(tokens // 2).repeat(2).unsqueeze(0).cuda()
+        model, ids, positions = _packed_qwen(2, tokens, "cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, position_ids=positions, labels=ids).loss
         kept = [_kept_storages(storage) for storage in caches]  # before backward frees the cache
@@ -232,7 +239,5 @@ def test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_by
     tokens, shape = 2048, model_shape.resolve_model("qwen3-4b")
     assert len(kept) == 2
     for layer in kept:
-        nbytes = {dtype: sum(t.untyped_storage().nbytes() for t in layer.values() if t.dtype == dtype)
-                  for dtype in (torch.bfloat16, torch.float32)}
-        assert nbytes == {torch.bfloat16: tokens * budget._selective_elems_per_token_layer(shape) * 2,
-                          torch.float32: tokens * shape.heads * 4}
+        assert _kept_bytes(layer) == {torch.bfloat16: tokens * budget._selective_elems_per_token_layer(shape) * 2,
+                                      torch.float32: tokens * shape.heads * 4}
