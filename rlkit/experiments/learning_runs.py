@@ -14,8 +14,9 @@ from rlkit.core.env import REPO_ROOT
 from rlkit.experiments.learning_config import Config, compare_recipe_values, recipe_values
 from rlkit.measure.environment import environment_report
 
-HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
-              "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
+HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` (one GPU per run; `--profile h200-2gpu`: two "
+              "ranks per run) on a GPU node (it launches the runs missing from runs_dir), then render its results "
+              "folder with results_dir")
 
 
 def run_plan(cfg: Config) -> list[tuple[str, str]]:
