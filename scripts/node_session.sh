@@ -8,7 +8,10 @@
 # each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
 # Jobs (issue in brackets):
 #   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
-#   learning          notebook 07's four runs side by side, runs in ROOT/learning/runs (25, 46)
+#   learning          notebook 07's four runs side by side, runs in ROOT/learning/runs; results tagged h200-fast, as
+#                     the h200 profile's comment renders them (25, 46)
+#   learning-2gpu     notebook 07's four runs side by side, each on two ranks (profile h200-2gpu; a node with two
+#                     GPUs), runs in ROOT/learning-2gpu/runs (46)
 #   profile-base      one update profiled with neither lever, the same commit's base for the two below (24)
 #   profile-overlap   one update profiled with HostAdamW's overlapped copies (24)
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
@@ -81,7 +84,9 @@ set_job() {  # cmd=(the command of job $2), its results under $1
   levers+=" -p replay_poll_s=0.2"
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
-    learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --out "$dir" -p "runs_dir=$dir/runs") ;;
+    learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --tag h200-fast --out "$dir" -p "runs_dir=$dir/runs") ;;
+    learning-2gpu) cmd=(python3 -m rlkit.experiments.learning --profile h200-2gpu --tag h200-2gpu --out "$dir"
+                        -p "runs_dir=$dir/runs") ;;
     profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag "$gpu-base") ;;
     profile-overlap) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
                           --tag "$gpu-overlap") ;;

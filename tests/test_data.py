@@ -84,3 +84,26 @@ def test_loader_rejects_a_file_without_the_columns(tmp_path):
 def test_missing_file_says_how_to_fetch():
     with pytest.raises(FileNotFoundError, match="data/README.md"):
         data.load_dapo("/nonexistent/dapo-math-17k.parquet")
+
+
+def test_threads_writing_one_parquet_do_not_collide(tmp_path, monkeypatch):
+    """Notebook 07's side-by-side runs prepare the same rows from threads of one process: each writes its own partial
+    file (the barrier holds every thread between writing it and moving it into place), and the file ends whole."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pandas as pd
+
+    written = threading.Barrier(3, timeout=10)
+    to_parquet = pd.DataFrame.to_parquet
+
+    def held(self, *args, **kwargs):
+        to_parquet(self, *args, **kwargs)
+        written.wait()
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", held)
+    rows = data.synthetic_rows(8, seed=0)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        paths = list(pool.map(lambda _: data.write_parquet(rows, tmp_path / "rows.parquet"), range(3)))
+    assert set(paths) == {tmp_path / "rows.parquet"} and [p.name for p in tmp_path.iterdir()] == ["rows.parquet"]
+    assert data.read_parquet_rows(paths[0]) == rows

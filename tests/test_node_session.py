@@ -51,12 +51,12 @@ def _params(words: list[str]) -> list[str]:
 
 
 def test_every_job_names_what_exists(tmp_path):
-    assert len(JOBS) == 33
+    assert len(JOBS) == 34
     proc = _driver(tmp_path / "s", *JOBS, dry=True)
     assert proc.returncode == 0, proc.stderr
     commands = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert list(commands) == JOBS and not (tmp_path / "s").exists()  # a dry run writes nothing
-    known = {"learning": _fields(learning.Config),
+    known = {**{job: _fields(learning.Config) for job in JOBS if job.startswith("learning")},
              **{job: _fields(update_profile.Config) for job in JOBS if job.startswith("profile-")},
              **dict.fromkeys(("resume-test", "gqa-test", "prefetch-test"), {"no:cacheprovider"})}  # pytest's -p: a plugin, not a parameter
     for job, command in commands.items():
@@ -93,6 +93,19 @@ def test_every_job_names_what_exists(tmp_path):
                                                                  "ppo_max_token_len_per_gpu", *_params(
                                                                      shlex.split(commands["seed-levers"]))]
     assert f"runs_dir={tmp_path}/s/learning/runs" in commands["learning"]
+    assert f"runs_dir={tmp_path}/s/learning-2gpu/runs" in commands["learning-2gpu"]
+
+
+@pytest.mark.parametrize("job, profile, tag", [("learning", "h200", "h200-fast"), ("learning-2gpu", "h200-2gpu", "h200-2gpu")])
+def test_the_learning_jobs_run_the_profile_and_tag_their_yaml_names(tmp_path, job, profile, tag):
+    """Notebook 07's jobs: the profile's parameter file exists and its comment gives the same command (the tag its
+    rendering instructions name), so what the node writes is the folder the profile says to render."""
+    proc = _driver(tmp_path / "s", job, dry=True)
+    words = shlex.split(proc.stdout.split(": ", 1)[1])
+    assert words[:6] == ["python3", "-m", "rlkit.experiments.learning", "--profile", profile, "--tag"], words
+    assert words[6] == tag
+    yaml = REPO_ROOT / "nbs" / "params" / f"{learning.NOTEBOOK}.{profile}.yaml"
+    assert f"python -m rlkit.experiments.learning --profile {profile} --tag {tag}" in yaml.read_text()
 
 
 def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):

@@ -73,6 +73,10 @@ def test_learning_block_reads_each_run_and_the_verdict_from_notebook_07s_metrics
     metrics["analysis"]["verdict"]["passed"] = False
     (root / "07_does_it_learn" / "h200" / "metrics.json").write_text(json.dumps(metrics))
     assert any(line.startswith("Noise (") and line.endswith("Verdict: not passed.") for line in report_notebooks.learning_section(root))
+    assert "lr 0.001, one H200, the runs side by side" in text  # the committed runs predate n_gpus: one GPU each
+    metrics["config"]["n_gpus"] = 2
+    (root / "07_does_it_learn" / "h200" / "metrics.json").write_text(json.dumps(metrics))
+    assert "lr 0.001, two ranks (one GPU each) of H200s, the runs" in report_notebooks.learning_section(root)[0]
 
 
 def test_seed_block_lists_only_seed_runs_with_their_per_step_lengths(tmp_path):

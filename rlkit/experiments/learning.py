@@ -27,10 +27,11 @@ and response length; :func:`rlkit.analysis.learning_curves.analyze` reads them:
 
 Each run is its own results folder under ``runs_dir`` (:mod:`rlkit.experiments.learning_runs`; written whole or
 left ``.failed``); a launched run found there with the same recipe is read back instead of launched again,
-``launch_limit`` caps the launches of one invocation, and ``parallel`` runs go side by side on the one GPU (each its
-own verl session; a run far from the GPU's limits, as this one is, leaves it mostly idle)::
+``launch_limit`` caps the launches of one invocation, and ``parallel`` runs go side by side on the same GPU(s) (each
+its own verl session on ``n_gpus`` ranks; a run far from the GPU's limits, as this one is, leaves it mostly idle)::
 
     python -m rlkit.experiments.learning --profile h200      # the missing runs; the finished ones are read back
+    python -m rlkit.experiments.learning --profile h200-2gpu # the same comparison, each run on two ranks
 
 Without a GPU everything before the launch runs for real, the reward is exercised on the prepared rows and the
 random model's own samples (:func:`reward_examples`, :func:`probe_model`), and the analysis says it has no steps.

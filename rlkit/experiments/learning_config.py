@@ -32,7 +32,8 @@ class Config:
     rollout_n: int  # group size
     lr: float  # actor learning rate (random init needs far more than the real-weights 1e-6)
     ppo_max_token_len_per_gpu: int  # tokens per micro-batch (dynamic bsz)
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float  # vLLM's share of each GPU, per run (side-by-side runs add up on each card)
+    n_gpus: int  # GPUs per run, every run of both sides (1: one GPU; 2: two ranks, one per GPU of a 2-GPU node)
     enforce_eager: bool  # vLLM without CUDA graphs (a faster start for a small model)
     ray_num_cpus: int
     verify_before_launch: bool  # false: skip the separate verl config check when launching
@@ -45,7 +46,7 @@ class Config:
     probe_groups: int  # prompts whose samples from the untrained model are scored on the CPU (0: none)
     runs_dir: str  # "" : the runs go inside the results folder; else a folder whose launched runs are reused
     launch_limit: int  # launch at most this many runs in one invocation (0: no limit)
-    parallel: int  # launch up to this many runs at once, side by side on the one GPU (1: one after the other)
+    parallel: int  # launch up to this many runs at once, side by side on the same GPU(s) (1: one after the other)
     attn_implementation: Literal["sdpa", "rlkit_varlen"]  # the recipe's attention (rlkit_varlen: packed, unpadded)
     use_remove_padding: bool  # verl's packed path (needs rlkit_varlen without flash-attn)
 
@@ -55,6 +56,7 @@ class Config:
         for key in ("baseline_arm", "compare_arm"):
             if getattr(self, key) not in ARMS or ARMS[getattr(self, key)].get("expect_failure"):
                 _bad(key, f"{getattr(self, key)!r} is not an arm that trains", f"one of {[a for a in ARMS if a != '0-stock']}")
+        self._check_gpus()
         self._check_variant()
         for key in ("repeats", "compare_repeats"):
             if getattr(self, key) < 2:
@@ -70,6 +72,17 @@ class Config:
                 _bad(key, f"{getattr(self, key)} is negative", "use 0 (off / no limit) or a positive count")
         if self.parallel < 1:
             _bad("parallel", f"{self.parallel} runs at once", "use 1 (one after the other) or more")
+
+    def _check_gpus(self) -> None:
+        """GPUs per run: a positive count over which each step's sequences split evenly (GRPORecipe's rule, named here
+        as this Config's key rather than as the compared variant's)."""
+        n, sequences = self.n_gpus, self.train_batch_size * self.rollout_n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            _bad("n_gpus", f"{n!r} is not a positive number of GPUs per run", "use 1 (one GPU per run) or 2 (two ranks "
+                 "per run, on a node with two GPUs)")
+        if sequences % n:
+            _bad("n_gpus", f"{self.train_batch_size}x{self.rollout_n} sequences per step do not split over {n} ranks",
+                 "use a count that divides train_batch_size * rollout_n, e.g. 1 or 2")
 
     def _check_variant(self) -> None:
         """The compared variant: a name of its own, levers that are recipe fields not shared by every run, and
@@ -104,7 +117,7 @@ SHARED = {key: key for key in (
     "model", "model_seed", "data", "data_rows", "reward", "max_prompt_length", "max_response_length",
     "train_batch_size", "rollout_n", "lr", "ppo_max_token_len_per_gpu", "gpu_memory_utilization", "enforce_eager",
     "steps", "ray_num_cpus", "verify_before_launch", "launch", "timeout_s", "attn_implementation",
-    "use_remove_padding")} | {"ppo_mini_batch_size": "train_batch_size", "n_gpus": "(one GPU per run)"}
+    "use_remove_padding", "n_gpus")} | {"ppo_mini_batch_size": "train_batch_size"}
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -113,9 +126,10 @@ def _bad(key: str, why: str, fix: str) -> None:
 
 
 def workload_values(cfg: Config) -> dict[str, Any]:
-    """The recipe fields every run shares (:data:`SHARED`), from ``cfg``: the profile's workload on one GPU."""
+    """The recipe fields every run shares (:data:`SHARED`), from ``cfg``: the profile's workload on ``cfg.n_gpus``
+    GPUs per run."""
     values = {key: getattr(cfg, key) for key, source in SHARED.items() if source == key}
-    return {**values, "ppo_mini_batch_size": cfg.train_batch_size, "n_gpus": 1}
+    return {**values, "ppo_mini_batch_size": cfg.train_batch_size}
 
 
 def recipe_values(cfg: Config, arm: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Each run is its own results folder under ``runs_dir`` (written whole or left ``.failed``); a launched run found there
 with the same recipe is read back instead of launched again, ``launch_limit`` caps the launches of one invocation,
-and ``parallel`` runs go side by side on the one GPU (each its own verl session).
+and ``parallel`` runs go side by side on the same GPU(s) (each its own verl session on ``n_gpus`` ranks).
 """
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from rlkit.core.env import REPO_ROOT
 from rlkit.experiments.learning_config import Config, compare_recipe_values, recipe_values
 from rlkit.measure.environment import environment_report
 
-HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` on a GPU node (it launches the runs missing "
-              "from runs_dir), then render outputs/07_does_it_learn/h200 with results_dir")
+HOW_TO_RUN = ("run `python -m rlkit.experiments.learning --profile h200` (one GPU per run; `--profile h200-2gpu`: two "
+              "ranks per run) on a GPU node (it launches the runs missing from runs_dir), then render its results "
+              "folder with results_dir")
 
 
 def run_plan(cfg: Config) -> list[tuple[str, str]]:
@@ -35,7 +36,7 @@ def arm_of(cfg: Config, side: str) -> str:
 
 
 def build_recipe(cfg: Config, side: str):
-    """The GRPO recipe of one run of ``side``: the profile's workload on one GPU with the arm's patches and
+    """The GRPO recipe of one run of ``side``: the profile's workload on ``n_gpus`` GPUs with the arm's patches and
     optimizer, and for the compared variant its ``compare_overrides`` on top."""
     from rlkit.recipes.grpo import GRPORecipe
 

@@ -18,6 +18,22 @@ def _of(counts: dict[str, int] | None, key: str) -> str:
     return f"{counts[key]} of {counts['steps']}" if counts else "-"
 
 
+_NUMBER = {1: "one", 2: "two", 3: "three", 4: "four", 8: "eight"}
+
+
+def where_runs(cfg: dict[str, Any]) -> str:
+    """Where each run ran, from the config's ``n_gpus``: "one GPU", or e.g. "two ranks (one GPU each)". Results from
+    before the field ran on one GPU (every run's recipe had ``n_gpus`` 1, as its ``metrics.json`` records)."""
+    n = cfg.get("n_gpus", 1)
+    return "one GPU" if n == 1 else f"{_NUMBER.get(n, n)} ranks (one GPU each)"
+
+
+def shared_gpus(cfg: dict[str, Any]) -> str:
+    """The GPUs the side-by-side runs shared, from the config's ``n_gpus``: "one GPU" or e.g. "two GPUs"."""
+    n = cfg.get("n_gpus", 1)
+    return f"{_NUMBER.get(n, n)} GPU{'s' if n > 1 else ''}"
+
+
 def describe(metrics: dict[str, Any]) -> str:
     """What the experiment found, in words, every number taken from ``metrics``."""
     lines = _setup_lines(metrics)
@@ -34,7 +50,8 @@ def describe(metrics: dict[str, Any]) -> str:
     lines += _collapse_lines(metrics)
     mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
     if mfu:
-        lines.append(f"Speed is not what this measures: the runs shared one GPU, and a model this small leaves it idle "
+        lines.append(f"Speed is not what this measures: the runs shared {shared_gpus(cfg)}, and a model this small leaves "
+                     f"{'it' if cfg.get('n_gpus', 1) == 1 else 'them'} idle "
                      f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.planning.roofline).")
     v = metrics["analysis"]["verdict"]
     rising = [f"{name} at {c['per_step']['rising']['in_range']} of {c['per_step']['rising']['steps']}"
@@ -61,7 +78,8 @@ def _setup_lines(metrics: dict[str, Any]) -> list[str]:
                                                if task.get("target_sets") else "") +
          f"; model {cfg['model']} ({'random-init' if synthetic['model'] else 'real weights'}"
          + (f", {model['parameters']:,} parameters" if model.get("parameters") else "") + ")."),
-        (f"Plan: {', '.join(p['run'] for p in metrics['plan'])}; {cfg['steps']} steps each, {cfg['train_batch_size']} "
+        (f"Plan: {', '.join(p['run'] for p in metrics['plan'])}; {cfg['steps']} steps each on {where_runs(cfg)}, "
+         f"{cfg['train_batch_size']} "
          f"prompts x {cfg['rollout_n']}, {cfg['max_response_length']}-token responses, lr {cfg['lr']:g}, seed "
          f"{cfg['model_seed']}."),
     ]

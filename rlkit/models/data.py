@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,9 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".parquet.partial-{os.getpid()}")  # concurrent writers of one file do not collide
+    # concurrent writers of one file do not collide: other processes, and other threads of this one (notebook 07's
+    # side-by-side runs each prepare the same rows)
+    tmp = path.with_suffix(f".parquet.partial-{os.getpid()}-{threading.get_ident()}")
     pd.DataFrame(rows, columns=list(COLUMNS)).to_parquet(tmp, index=False)
     tmp.replace(path)
     return path

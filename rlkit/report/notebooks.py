@@ -147,6 +147,13 @@ def _rising_words(rising: dict[str, int] | None) -> str:
             f"{rising['within_band']})" if rising else "")
 
 
+def _h200s(cfg: dict) -> str:
+    """The node of notebook 07's committed runs, from the config's ``n_gpus`` (results from before the field: one GPU)."""
+    from rlkit.experiments.learning_words import where_runs
+
+    return "one H200" if cfg.get("n_gpus", 1) == 1 else f"{where_runs(cfg)} of H200s"
+
+
 def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
     """Notebook 07's GPU runs (``outputs/07_does_it_learn/h200/metrics.json``): does GRPO still learn with the
     patches, against the run-to-run noise of the baseline arm."""
@@ -160,7 +167,7 @@ def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
               "entropy collapsed at step |")
     lines = [(f"**Does it still learn** (synthetic task and random-init model: `{cfg['reward']}` on "
              f"{m['data']['rows']} synthetic rows, {cfg['model']}; {cfg['train_batch_size']} prompts x "
-             f"{cfg['rollout_n']}, lr {cfg['lr']:g}, one H200, the runs side by side; {source('07_does_it_learn')}):"),
+             f"{cfg['rollout_n']}, lr {cfg['lr']:g}, {_h200s(cfg)}, the runs side by side; {source('07_does_it_learn')}):"),
              "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, r in a["per_run"].items():
         lines.append(f"| {name} | {run_commit(runs_dir / name)} | {r['steps_trained']} | {fmt(r['reward_first'], '.3f')} | "
