@@ -754,6 +754,30 @@ LAB_NOTES += [
     (L, "that choice is reasoned, not measured",
      _says("reasoned, not measured", lambda: not (REPO_ROOT / "outputs/07_does_it_learn/h200-fast").exists())),
 ]
+S28, NB07_2GPU = _session_readme(28), "nbs/params/07_does_it_learn.h200-2gpu.yaml"
+
+
+def _no_machine_in_session28() -> bool:
+    return "Nothing ran; nothing came back." in _source_text(S28)
+
+
+def _notebook07_runs_on_two_ranks() -> bool:
+    """Notebook 07's h200-2gpu profile: the h200 profile's comparison with every run on two ranks, its variant keeping
+    arm 5's rank-0 owner in place of the overlapped copies."""
+    cfg = _yaml(NB07_2GPU)
+    overrides = cfg["compare_overrides"]
+    return (cfg["n_gpus"] == 2 and cfg["baseline_arm"] == "1-fixes-hostadamw" and cfg["compare_arm"] == ARM5
+            and overrides.get("host_rank0_owner", True) is True and not overrides.get("host_overlap_copies", False))
+
+
+LAB_NOTES += [
+    (L, "No machine again; notebook 07 on two ranks (session 28)",
+     lambda: ("session 28", "two ranks") if _no_machine_in_session28() and _notebook07_runs_on_two_ranks() else False),
+    (L, "No call of session 28 got a machine", _says("No call of session 28 got a machine", _no_machine_in_session28)),
+    (L, "That choice is reasoned from committed runs, not measured on two ranks, and the profile is untested on a GPU",
+     _says("not measured on two ranks", lambda: _notebook07_runs_on_two_ranks() and not any(
+         (REPO_ROOT / "outputs/07_does_it_learn").glob("h200-2gpu*")))),
+]
 CLAIMS += LAB_NOTES
 
 # sentences that state what a CPU test of the suite shows: the test is still there (and the suite runs it)
