@@ -28,7 +28,8 @@
 #   gqa-test          rlkit_varlen's flash kernel with its own grouped-query mapping against repeated K/V heads, bit for
 #                     bit, and both timed (24)
 #   kernels-liger     Qwen3's RMSNorm, rotary and SwiGLU at the seed's 24,576 tokens: eager, rlkit's compiled patches and
-#                     liger-kernel (bundle --with-kernels), fwd+bwd time and exactness against eager (42)
+#                     liger-kernel (bundle --with-kernels, or its wheel alone unzipped onto PYTHONPATH: the job
+#                     needs no verl or vLLM), fwd+bwd time and exactness against eager (42)
 #   vllm-ceiling      standalone vLLM at the seed profile's batch and lengths (24)
 #   vllm-ceiling-1gpu  standalone vLLM at the h200-1gpu profile's batch and lengths (24)
 #   seed-arms         arms 1 and 5 at the seed's workload (23)

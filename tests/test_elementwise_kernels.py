@@ -53,3 +53,19 @@ def test_the_comparison_finds_a_difference():
 def test_bad_parameters_are_refused(override, words):
     with pytest.raises(P.ParamError, match=words.replace("[", r"\[").replace("]", r"\]")):
         E.Config(**{**E.PROFILES["tiny"], **override})
+
+
+def test_the_comparison_runs_without_verl_vllm_or_ray(tmp_path):
+    """docs/offline-node.md lets a lease without the bundle run kernels-liger: a fresh process where verl, vLLM and Ray
+    cannot be imported runs the tiny profile to the end and imports none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor m in ('verl', 'vllm', 'ray'): sys.modules[m] = None\n"
+            "from rlkit.experiments import elementwise_kernels as E\n"
+            f"assert E.main(['--tiny', '--out', {str(tmp_path)!r}, '--tag', 'cpu']) == 0\n"
+            "print(sorted({m.split('.')[0] for m, v in sys.modules.items() if v is not None} & {'verl', 'vllm', 'ray'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / E.NOTEBOOK / "cpu" / "metrics.json").exists()
