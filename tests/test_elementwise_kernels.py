@@ -65,7 +65,7 @@ def test_the_comparison_runs_without_verl_vllm_or_ray(tmp_path):
             "from rlkit.experiments import elementwise_kernels as E\n"
             f"assert E.main(['--tiny', '--out', {str(tmp_path)!r}, '--tag', 'cpu']) == 0\n"
             "print(sorted({m.split('.')[0] for m, v in sys.modules.items() if v is not None} & {'verl', 'vllm', 'ray'}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / E.NOTEBOOK / "cpu" / "metrics.json").exists()
