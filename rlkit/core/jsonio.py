@@ -1,10 +1,17 @@
-"""JSON files that are never seen half-written (the lowest layer: no rlkit imports)."""
+"""Files that are never seen half-written (the lowest layer: no rlkit imports)."""
 from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
+
+
+def partial_suffix() -> str:
+    """The part of a partial file's name that no other writer of the same file uses at the same time: this process
+    and this thread (notebook 07's side-by-side runs prepare the same files from threads of one process)."""
+    return f"partial-{os.getpid()}-{threading.get_ident()}"
 
 
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> Path:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlkit.core.env import REPO_ROOT
+from rlkit.core.jsonio import partial_suffix
 
 DAPO_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
 DAPO_URL = f"https://huggingface.co/datasets/{DAPO_HUB_ID}/resolve/main/data/dapo-math-17k.parquet"
@@ -153,9 +152,7 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # concurrent writers of one file do not collide: other processes, and other threads of this one (notebook 07's
-    # side-by-side runs each prepare the same rows)
-    tmp = path.with_suffix(f".parquet.partial-{os.getpid()}-{threading.get_ident()}")
+    tmp = path.with_suffix(f".parquet.{partial_suffix()}")  # concurrent writers of one file do not collide
     pd.DataFrame(rows, columns=list(COLUMNS)).to_parquet(tmp, index=False)
     tmp.replace(path)
     return path

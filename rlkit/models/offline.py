@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 from rlkit.core.env import REPO_ROOT
+from rlkit.core.jsonio import partial_suffix
 from rlkit.models import lengths as length_model
 from rlkit.models import qwen as models
 
@@ -129,7 +129,7 @@ def write_offline_model(preset: str, out_dir: str | Path | None = None, *, seed:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = models.random_model(config, seed=seed, dtype=torch_dtype, device=device)
     calibration = length_model.apply_length_model(model, response_length_mean, seed=seed) if response_length_mean else None
-    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}-{threading.get_ident()}")  # per process and thread
+    tmp = out.with_name(f"{out.name}.{partial_suffix()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
