@@ -21,16 +21,21 @@ def _of(counts: dict[str, int] | None, key: str) -> str:
 _NUMBER = {1: "one", 2: "two", 3: "three", 4: "four", 8: "eight"}
 
 
+def gpus_per_run(cfg: dict[str, Any]) -> int:
+    """The config's ``n_gpus``; results from before the field ran on one GPU (every run's recipe had ``n_gpus`` 1, as
+    its ``metrics.json`` records)."""
+    return cfg.get("n_gpus", 1)
+
+
 def where_runs(cfg: dict[str, Any]) -> str:
-    """Where each run ran, from the config's ``n_gpus``: "one GPU", or e.g. "two ranks (one GPU each)". Results from
-    before the field ran on one GPU (every run's recipe had ``n_gpus`` 1, as its ``metrics.json`` records)."""
-    n = cfg.get("n_gpus", 1)
+    """Where each run ran: "one GPU", or e.g. "two ranks (one GPU each)"."""
+    n = gpus_per_run(cfg)
     return "one GPU" if n == 1 else f"{_NUMBER.get(n, n)} ranks (one GPU each)"
 
 
 def shared_gpus(cfg: dict[str, Any]) -> str:
-    """The GPUs the side-by-side runs shared, from the config's ``n_gpus``: "one GPU" or e.g. "two GPUs"."""
-    n = cfg.get("n_gpus", 1)
+    """The GPUs the side-by-side runs shared: "one GPU" or e.g. "two GPUs"."""
+    n = gpus_per_run(cfg)
     return f"{_NUMBER.get(n, n)} GPU{'s' if n > 1 else ''}"
 
 
@@ -51,7 +56,7 @@ def describe(metrics: dict[str, Any]) -> str:
     mfu = [r["update_actor_mfu"] for r in metrics["runs"].values() if r.get("update_actor_mfu") is not None]
     if mfu:
         lines.append(f"Speed is not what this measures: the runs shared {shared_gpus(cfg)}, and a model this small leaves "
-                     f"{'it' if cfg.get('n_gpus', 1) == 1 else 'them'} idle "
+                     f"{'it' if gpus_per_run(cfg) == 1 else 'them'} idle "
                      f"(update_actor at {min(mfu):.2%}-{max(mfu):.2%} of the GPU's dense bf16 peak, rlkit.planning.roofline).")
     v = metrics["analysis"]["verdict"]
     rising = [f"{name} at {c['per_step']['rising']['in_range']} of {c['per_step']['rising']['steps']}"

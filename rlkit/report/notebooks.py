@@ -148,10 +148,10 @@ def _rising_words(rising: dict[str, int] | None) -> str:
 
 
 def _h200s(cfg: dict) -> str:
-    """The node of notebook 07's committed runs, from the config's ``n_gpus`` (results from before the field: one GPU)."""
-    from rlkit.experiments.learning_words import where_runs
+    """The node of notebook 07's committed runs, from the config's ``n_gpus``."""
+    from rlkit.experiments.learning_words import gpus_per_run, where_runs
 
-    return "one H200" if cfg.get("n_gpus", 1) == 1 else f"{where_runs(cfg)} of H200s"
+    return "one H200" if gpus_per_run(cfg) == 1 else f"{where_runs(cfg)} of H200s"
 
 
 def learning_section(root: Path = OUTPUTS_DIR) -> list[str]:
