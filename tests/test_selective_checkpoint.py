@@ -75,14 +75,13 @@ def test_the_policy_keeps_the_matmuls_and_recomputes_the_rest(monkeypatch):
 
 def _kept_storages(storage) -> dict[int, torch.Tensor]:
     """The distinct storages torch's selective-checkpoint cache holds for the backward (keyed by the untyped storage's
-    data pointer, so a view and its base count once); entries the policy left to recompute hold none."""
+    data pointer, so a view and its base count once); entries the policy left to recompute hold none. Per op, torch
+    2.13 keeps a dict of entries and the node's torch 2.11 a list (session 29's GPU run failed here): both flatten."""
     kept = {}
-    for entries in storage.values():
-        for entry in entries.values():
-            for leaf in torch.utils._pytree.tree_leaves(entry):
-                tensor = getattr(leaf, "val", None)  # torch's _VersionWrapper around a kept output
-                if isinstance(tensor, torch.Tensor):
-                    kept.setdefault(tensor.untyped_storage().data_ptr(), tensor)
+    for leaf in torch.utils._pytree.tree_leaves(list(storage.values())):
+        tensor = getattr(leaf, "val", None)  # torch's _VersionWrapper around a kept output
+        if isinstance(tensor, torch.Tensor):
+            kept.setdefault(tensor.untyped_storage().data_ptr(), tensor)
     return kept
 
 
