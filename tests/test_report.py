@@ -408,8 +408,9 @@ def test_every_table_row_of_a_dirty_tree_run_is_labelled():
     assert dirty, "no committed run is from a dirty tree any more: this test has nothing left to check; drop it"
     rows = [line for doc, names in report.DOCS.items() for name in names
             for line in report.block(name).splitlines() if line.startswith("|")]
+    # since session 29's reruns from a commit no generated table shows one (the labelling itself is tested above on a
+    # dirty run made for it); a dirty-tree run added to a table without the label turns this red
     shown = [line for line in rows if any(sha in line for sha in dirty)]
-    assert shown, f"no generated table shows a run of {sorted(dirty)}"
     unlabelled = [line for line in shown if report_notebooks.DIRTY not in line or "-dirty" in line]
     assert not unlabelled, f"rows of dirty-tree runs without {report_notebooks.DIRTY!r}: {unlabelled}"
 
