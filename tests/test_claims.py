@@ -729,7 +729,7 @@ def _notebook07_compares_the_fastest_variant() -> bool:
 def _notebook07_lr_words() -> tuple | bool:
     cfg, committed = _yaml(NB07), _json("outputs/07_does_it_learn/h200/metrics.json")
     halved = cfg["lr"] == committed["config"]["lr"] / 2
-    return (f"halves the lr to {cfg['lr']:.0e} over {cfg['steps']} steps".replace("e-0", "e-"),
+    return (f"halved the lr to {cfg['lr']:.0e}".replace("e-0", "e-"),
             f"later than at {committed['config']['lr']:.0e}".replace("e-0", "e-")) if halved else False
 
 
@@ -757,10 +757,10 @@ LAB_NOTES += [
      _says("run twice, with the fastest correct variant, run twice", _notebook07_compares_the_fastest_variant)),
     (L, "(the steps before the baseline's mean reward covers 90% of its rise)",
      lambda: (f"covers {learning_curves.PLATEAU_SHARE:.0%} of its rise",)),
-    (L, "The h200 profile halves the lr to 5e-4 over 50 steps so that the rise comes later than at 1e-3",
+    (L, "The h200 profile halved the lr to 5e-4 so that the rise would come later than at 1e-3",
      _notebook07_lr_words),
-    (L, "that choice is reasoned, not measured",
-     _says("reasoned, not measured", lambda: not (REPO_ROOT / "outputs/07_does_it_learn/h200-fast").exists())),
+    (L, "that choice was reasoned, not measured (session 29 measured it, below)",
+     _says("session 29 measured it", lambda: bool(_stopped_curve("5-fastest.r1")))),
 ]
 S28, NB07_2GPU = _session_readme(28), "nbs/params/07_does_it_learn.h200-2gpu.yaml"
 
@@ -858,6 +858,95 @@ def _determinism_reruns_from_6afd058() -> bool:
     stopped, began = "06:07:20", "06:08:42"
     return (shas == {"6afd05837bbfaf9014bb5634b02a632bedfead39"} and f"stopped making progress at 06:07:13-{stopped}"
             in command and f"on 2026-12-07, {began}-" in command and stopped < began)
+
+
+S29_STOPPED = "outputs/_node/session29/learning-stopped"
+
+
+def _stopped_curve(run: str) -> list[tuple[int, float, float, float]]:
+    """(step, mean reward, entropy, step seconds) of one of session 29's stopped notebook-07 runs."""
+    import json
+
+    rows = []
+    for line in _source_text(f"{S29_STOPPED}/{run}/verl_metrics.jsonl").splitlines():
+        m = json.loads(line)
+        d = m["data"]
+        rows.append((m["step"], d["critic/score/mean"], d["actor/entropy"], d["timing_s/step"]))
+    return rows
+
+
+def _stopped_runs_words() -> tuple[str, ...]:
+    """What session 29's two stopped runs measured: the variant's rise (from the first step above 0.05 to the last
+    below the plateau's floor), the plateau from the step after, where its entropy fell below 1, how close arm 1 stayed
+    to it, and each side's step time after step 1."""
+    fast, arm1 = _stopped_curve("5-fastest.r1"), _stopped_curve("1-fixes-hostadamw.r1")
+    reward = {step: r for step, r, _, _ in fast}
+    start = next(step for step, r, _, _ in fast if r > 0.05)
+    plateau = [r for step, r, _, _ in fast if step > start + 4]
+    end = max(step for step, r, _, _ in fast if r < min(plateau))
+    assert end == start + 4 and all(r >= min(plateau) for step, r, _, _ in fast if step > end)
+    below_one = next(step for step, _, e, _ in fast if e < 1)
+    gap = max(abs(a[1] - reward[a[0]]) for a in arm1)
+    secs = lambda rows: (min(r[3] for r in rows[1:]), max(r[3] for r in rows[1:]))  # noqa: E731
+    (a_lo, a_hi), (f_lo, f_hi) = secs(arm1), secs(fast)
+    return (f"rose over steps {start}-{end} ({reward[start]:.3f} to {reward[end]:.3f})",
+            f"stayed at {min(plateau):.2f}-{max(plateau):.2f} from step {end + 1} to its last, step {fast[-1][0]}",
+            f"its entropy fell below 1 at step {below_one}", f"Arm 1 stayed within {gap:.3f} of it to its last",
+            f"step, {arm1[-1][0]}, at {a_lo:.0f}-{a_hi:.0f} s a step against the variant's {f_lo:.0f}-{f_hi:.0f} s")
+
+
+def _both_stopped_after_waking_weights() -> bool:
+    """Each stopped run's last line of vLLM waking its weights is at 06:07:20, and its trainer logged nothing after."""
+    for run in ("5-fastest.r1", "1-fixes-hostadamw.r1"):
+        lines = _source_text(f"{S29_STOPPED}/{run}/verl.log").splitlines()
+        last_wake = max(i for i, line in enumerate(lines) if "wake up tags ['weights']" in line)
+        if "06:07:20" not in lines[last_wake] or any("TaskRunnerV1" in line for line in lines[last_wake:]):
+            return False
+        if any(word in line for line in lines for word in ("Traceback", "Error:")):
+            return False
+    return True
+
+
+def _profile_now_30_steps_not_50() -> tuple[str, ...]:
+    ran = _yaml(f"{S29_STOPPED}/experiment-params.yaml")
+    return (f"now trains {_yaml(NB07)['steps']} steps, not {ran['steps']}",)
+
+
+def _selective_gpu_test_not_run_again() -> bool:
+    """The only committed log naming the selective GPU test is session 29's failed run."""
+    name = "test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_bytes"
+    logs = [f for f in (REPO_ROOT / "outputs").rglob("*.log") if name in f.read_text(errors="replace")]
+    return [str(f.relative_to(REPO_ROOT)) for f in logs] == [S29_SELECTIVE]
+
+
+def _parity_checks_words() -> tuple[str, ...]:
+    checks = [c for n in ("01_offload_bug", "03_cast_once", "04_skip_old_logprob")
+              for c in _json(f"outputs/{n}/h200-deterministic/metrics.json")["determinism"]["checks"]
+              if c["patched_vs_unpatched"] is not None]
+    zero = all(c["patched_vs_unpatched"] == 0.0 for c in checks)
+    itself = all(c["unpatched_vs_itself"] == 0.0 for c in checks)
+    return (f"{len(checks)} checks, every one 0.0" if zero else "<a check is not 0.0>",
+            "the unpatched runs 0.0 against themselves" if itself else "<an unpatched run differs from itself>")
+
+
+CLAIMS += [  # docs/lab-notes.md: session 29
+    (L, "A lease at last: parity from a commit, and two learning runs that stopped (session 29)",
+     _says("two learning runs that stopped", _both_stopped_after_waking_weights)),
+    (L, "one call got an H200 at 05:56", lambda: ("got an H200 at 05:56",)
+     if "05:56:33, `nvidia-h200`: an H200" in _source_text(S29) else False),
+    (L, "21 checks, every one 0.0, and the unpatched runs 0.0 against themselves", _parity_checks_words),
+    (L, "The selective-checkpoint GPU test** failed in its own helper before comparing anything",
+     _says("failed in its own helper", _selective_gpu_test_failed_in_its_helper)),
+    (L, "the test has not run again", _says("has not run again", _selective_gpu_test_not_run_again)),
+    (L, "Both stopped at 06:07:20, each just after its vLLM woke its weights for the next rollout, with no error in "
+        "either log", _says("Both stopped at 06:07:20", _both_stopped_after_waking_weights)),
+    (L, "Neither finished, so notebook 07 has no new result",
+     _says("no new result", lambda: not (REPO_ROOT / "outputs/07_does_it_learn/h200-fast").exists())),
+    (L, "The fastest variant's mean reward rose over steps 7-11 (0.052 to 0.468) and stayed at 0.49-0.56 from step 12 "
+        "to its last, step 28; its entropy fell below 1 at step 14. Arm 1 stayed within 0.011 of it to its last step, "
+        "7, at 25-31 s a step against the variant's 5-9 s", _stopped_runs_words),
+    (L, "So the h200 profile now trains 30 steps, not 50", _profile_now_30_steps_not_50),
+]
 
 
 CLAIMS += [

@@ -320,7 +320,7 @@ def test_profiles_are_valid_configs_whose_recipes_are_valid(profile):
     assert fast["gpu_memory_utilization"] == cfg.gpu_memory_utilization  # the card is shared: not seed-best's 0.95
     assert cfg.repeats >= 2 and cfg.compare_repeats >= 2
     if profile == "h200":
-        assert cfg.steps >= 40 and cfg.parallel == len(plan) and cfg.runs_dir
+        assert cfg.parallel == len(plan) and cfg.runs_dir  # its steps: test_learning_analysis, from a measured rise
         assert cfg.parallel * cfg.gpu_memory_utilization <= 0.8 + 1e-9  # the side-by-side runs fit one card
 
 

@@ -137,14 +137,24 @@ def test_unknown_params_stay_an_error_and_the_floor_is_no_parameter():
         _cfg(noise_floor=0.02)
 
 
+STOPPED_RUN = REPO_ROOT / "outputs/_node/session29/learning-stopped/5-fastest.r1/verl_metrics.jsonl"
+
+
 def test_the_profiles_change_the_lr_or_length_from_the_committed_runs():
-    """The h200 profile is not the committed lr 1e-3 run in a new folder: it moves the knob its comments name."""
+    """The h200 profile is not the committed lr 1e-3 run in a new folder: it moves the knobs its comments name, and its
+    steps hold the rise session 29 measured at its lr (the last step under 90% of the best mean reward) and three
+    windows of plateau after it."""
     h200, committed = load_profile(L.NOTEBOOK, "h200"), json.loads(
         (REPO_ROOT / "outputs/07_does_it_learn/h200/metrics.json").read_text())["config"]
-    assert h200["lr"] < committed["lr"] and h200["steps"] > committed["steps"]
+    assert h200["lr"] < committed["lr"]
     assert h200["runs_dir"] != committed["runs_dir"]  # the committed runs' recipes differ: never read back as these
+    rows = [json.loads(line) for line in STOPPED_RUN.read_text().splitlines()]
+    assert {r["data"]["actor/lr"] for r in rows} == {h200["lr"]}
+    best = max(r["data"]["critic/score/mean"] for r in rows)
+    rise_end = max(r["step"] for r in rows if r["data"]["critic/score/mean"] < 0.9 * best)
+    assert h200["steps"] >= rise_end + 3 * h200["window"]
     text = (REPO_ROOT / "nbs/params/07_does_it_learn.h200.yaml").read_text()
-    assert "UNTESTED ON A GPU" in text and "lr 1e-3 -> 5e-4" in text
+    assert f"lr 1e-3 -> 5e-4, steps {committed['steps']} -> {h200['steps']}" in text
 
 
 # ------------------------------------------------------------------------------------------ results before issue 46
