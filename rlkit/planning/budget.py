@@ -26,8 +26,8 @@ GIB = 1024**3
 
 PHASES = ("rollout", "log_prob", "update_fwd_bwd", "optimizer_step", "weight_sync")
 DEVICE_COMPONENTS = (
-    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "actor_non_torch", "master_fp32", "stale_offload_copy",
-    "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
+    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "vllm_asleep_rest", "actor_non_torch", "master_fp32",
+    "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
 )
 HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
 # The actor's own allocations (what torch.cuda.max_memory_allocated of the actor counts); the other device
@@ -109,6 +109,8 @@ class PlanSpec:
     optimizer_offload: bool = True  # verl fsdp_config.optimizer_offload
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
     non_torch_gib: float = 0.5  # per process on the card (vLLM's worker, the actor's): CUDA context, NCCL, workspaces
+    actor_non_torch_gib: float = 0.0  # the actor's process outside torch's allocator; 0 = non_torch_gib
+    vllm_asleep_gib: float = 0.0  # vLLM's worker while asleep, all of it; 0 = cudagraph_gib + non_torch_gib
     logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
     logits_chunk_rows: int = 0  # rows per chunk on a chunked logits path; 0 = the path's own (CHUNKED_LOGITS)
     update_entropy: str = "none"  # see UPDATE_ENTROPY_BYTES
@@ -145,7 +147,7 @@ class PlanSpec:
                 "set n_gpus to the GPUs of all nodes together, a multiple of nodes")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             bad("lora_rank", f"must be an integer >= 0, got {self.lora_rank!r}", "0 for full fine-tune, else the rank")
-        for key in ("cudagraph_gib", "non_torch_gib", "host_gib"):
+        for key in ("cudagraph_gib", "non_torch_gib", "actor_non_torch_gib", "vllm_asleep_gib", "host_gib"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0 GiB, got {getattr(self, key)!r}", "set a non-negative size in GiB")
         if self.logits_path not in LOGITS_BYTES:
@@ -281,10 +283,11 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
       CUDA graphs cannot be offloaded and stay resident in every phase; vLLM's own profiling
       activations are not modelled. While sleeping, vLLM frees KV and discards weights (sleep level 2).
     * Two processes share each card: vLLM's worker and the actor's. Each holds ``non_torch_gib`` outside
-      torch's tensors (CUDA context, cuBLAS/NCCL workspaces) in every phase. vLLM's is inside its
-      ``util x total``; the actor's (``actor_non_torch``) is not. Measured on the H200 node as device used
-      minus torch reserved after verl's FSDP init, minus the idle baseline: 0.55 GiB for both models of
-      outputs/06_util_sweep/ (verl.log "After FSDP" lines).
+      torch's tensors (CUDA context, cuBLAS/NCCL workspaces) in every phase; vLLM's is inside its
+      ``util x total``. The actor's (``actor_non_torch``) is not: ``actor_non_torch_gib`` where measured
+      (:func:`rlkit.planning.run_terms.actor_non_torch_term`). While vLLM sleeps (log_prob, update) its worker
+      keeps more than its graphs and context: ``vllm_asleep_gib`` where measured
+      (:func:`rlkit.planning.run_terms.vllm_asleep_term`), the excess as ``vllm_asleep_rest``.
     * Weight sync: vLLM weights are awake, the actor master is loaded and FSDP1's FULL_STATE_DICT
       under NO_SHARD makes a full fp32 clone on the device (staging). With ``master_on_host`` the sync
       streams from the host master one flat parameter at a time.
@@ -311,6 +314,8 @@ class _Terms:
     largest: float  # the largest flat parameter
     graphs: float
     non_torch: float
+    actor_non_torch: float
+    asleep_rest: float  # what vLLM's sleeping worker keeps beyond its graphs and non-torch
     master_dev: float
     stale: float
     adam_dev_idle: float
@@ -342,6 +347,8 @@ def _terms(spec: PlanSpec, s: ModelShape) -> _Terms:
     adam_on_device_always = not spec.optimizer_offload and not spec.cpu_optimizer_step
     return _Terms(
         P=P, T=T, largest=s.largest_flat_param, graphs=graphs, non_torch=non_torch,
+        actor_non_torch=(spec.actor_non_torch_gib or spec.non_torch_gib) * GIB,
+        asleep_rest=max(spec.vllm_asleep_gib * GIB - graphs - non_torch, 0.0),
         master_dev=0.0 if spec.master_on_host else 4.0 * P,
         stale=4.0 * P if spec.param_offload and not spec.offload_views else 0.0,
         adam_dev_idle=8.0 * T if adam_on_device_always else 0.0,
@@ -356,11 +363,12 @@ def _terms(spec: PlanSpec, s: ModelShape) -> _Terms:
 def _device_phases(spec: PlanSpec, s: ModelShape, t: _Terms) -> dict[str, dict[str, float]]:
     """Device bytes per phase (in PHASES order; a skipped phase is absent) and component (the components keep one
     order per phase: the figures stack them in it)."""
-    shared = {"actor_non_torch": t.non_torch, "cuda_graphs": t.graphs, "non_torch": t.non_torch}
+    shared = {"actor_non_torch": t.actor_non_torch, "cuda_graphs": t.graphs, "non_torch": t.non_torch,
+              **({"vllm_asleep_rest": t.asleep_rest} if t.asleep_rest else {})}  # vLLM asleep
     actor = {"master_fp32": t.master_dev, "stale_offload_copy": t.stale}
     device: dict[str, dict[str, float]] = {}
     device["rollout"] = {
-        "actor_non_torch": t.non_torch, "vllm_weights_bf16": t.vllm_weights, "kv_pool": max(t.kv_pool, 0.0),
+        "actor_non_torch": t.actor_non_torch, "vllm_weights_bf16": t.vllm_weights, "kv_pool": max(t.kv_pool, 0.0),
         "cuda_graphs": t.graphs, "non_torch": t.non_torch, "master_fp32": 0.0 if spec.param_offload else t.master_dev,
         "stale_offload_copy": t.stale, "adam_moments": t.adam_dev_idle,
     }
@@ -379,7 +387,7 @@ def _device_phases(spec: PlanSpec, s: ModelShape, t: _Terms) -> dict[str, dict[s
         "adam_moments": t.adam_dev_step,
     }
     device["weight_sync"] = {
-        "actor_non_torch": t.non_torch, "vllm_weights_bf16": t.vllm_weights, "cuda_graphs": t.graphs,
+        "actor_non_torch": t.actor_non_torch, "vllm_weights_bf16": t.vllm_weights, "cuda_graphs": t.graphs,
         "non_torch": t.non_torch, **actor, "adam_moments": t.adam_dev_idle,
         "staging": 4.0 * t.largest if spec.master_on_host else 4.0 * t.P,
     }
