@@ -25,19 +25,24 @@ from typing import Any
 SOURCES = ("05_grpo_qwen3_4b", "06_util_sweep")
 
 
-@lru_cache(maxsize=4)
-def _runs(outputs: Path) -> tuple[tuple[str, dict[str, Any], Path], ...]:
-    """(``<notebook>/<run>``, metrics, folder) for every committed run of :data:`SOURCES`."""
+def committed(outputs: Path, notebooks: tuple[str, ...] = SOURCES) -> list[tuple[str, dict[str, Any], Path]]:
+    """(``<notebook>/<run>``, metrics, folder) for every committed run of ``notebooks`` under ``outputs``; none
+    outside a checkout."""
     from rlkit.core.results import NotACheckout, committed_runs
 
     found = []
-    for notebook in SOURCES:
+    for notebook in notebooks:
         try:
             runs = committed_runs(outputs / notebook)
         except NotACheckout:
-            return ()
+            return []
         found += [(f"{notebook}/{run.name}", json.loads((run / "metrics.json").read_text()), run) for run in runs]
-    return tuple(found)
+    return found
+
+
+@lru_cache(maxsize=4)
+def _runs(outputs: Path) -> tuple[tuple[str, dict[str, Any], Path], ...]:
+    return tuple(committed(outputs))
 
 
 def _outputs(outputs: Path | None) -> Path:
