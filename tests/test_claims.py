@@ -16,7 +16,7 @@ from rlkit.analysis import learning_curves
 from rlkit.core.env import REPO_ROOT
 from rlkit.core.results import pct
 from rlkit.models import shape as model_shape
-from rlkit.planning import budget, preflight_memory
+from rlkit.planning import budget, preflight_memory, run_terms
 from rlkit.report import limits as report_limits
 from rlkit.report import profile as report_profile
 from rlkit.report import seed_workload as report_seed
@@ -707,6 +707,32 @@ LAB_NOTES += [
     (L, "With that term the planner gives qwen3_4b_48g's old_log_prob 34.91 GiB against 38.56 GiB measured at util 0.5 "
         "(x1.10) and 39.14 GiB at util 0.6 (x1.12)",
      lambda: tuple(w for u in ("0.5", "0.6") for w in _old_log_prob_words(u))),
+    (L, "old_log_prob's rest named (session 29)",
+     _says("(session 29)", lambda: (REPO_ROOT / "tests/test_run_terms.py").exists())),
+    (L, "The actor's process holds 1.15 GiB outside torch's allocator, not the planner's 0.5: verl's \"After FSDP\" line "
+        "gives used minus reserved of 1.15 GiB in all 23 one-GPU runs of notebooks 05 and 06, both models",
+     lambda: _after_fsdp_words()),
+    (L, "its \"Before FSDP\" line reads 0.51 GiB, the actor's CUDA context, as the actor's own sample does",
+     lambda: _before_fsdp_words()),
+    (L, "The planner's old note took the baseline off again (0.55 GiB)",
+     lambda: (f"({run_terms.actor_non_torch_term()['gib'] - _sweep_point('qwen3_4b_48g-u0.5')['measured']['baseline_used_gib']:.2f} GiB)",)),
+    (L, "vLLM's sleeping worker holds 1.48 GiB for Qwen3-4B at util 0.5 and 2.06 GiB at 0.6, where the planner counted its "
+        "CUDA graphs and context, 1.11 GiB; for Qwen2.5-0.5B 1.21-1.24 GiB", lambda: _asleep_words()),
+    (L, "The peak does not rise with util: 38.56 GiB at util 0.4, 0.5 and 0.7, 39.14 GiB at 0.6, where vLLM logged 3.26 GiB "
+        "still in use after its first sleep against 2.67 at the others", lambda: _util_words()),
+    (L, "in step 1 every response ran to 256 tokens, so verl's cap of 8,192 tokens fits at most 24 sequences, 8,136 "
+        "positions once padded to the longest", lambda: _step1_micro_batch_words()),
+    (L, "verl pads them to the longest sequence without the prompts' left padding, 4 x (93 + 256) positions, not 4 x 512",
+     lambda: _doc_small_micro_batch_words()),
+    (L, "With them the planner gives qwen3_4b_48g's old_log_prob x1.06 at util 0.5 and x1.07 at 0.6, doc_small's x0.98 at "
+        "every util, and 58 of notebook 06's 64 compared quantities within 10% (52 before)", lambda: _sweep_now_words()),
+    (L, "at util 0.5 the actor's process peaked at 37.02 GiB, 2.57 GiB above the planner's actor share of 34.45 GiB",
+     lambda: _actor_rest_words()),
+    (L, "Its memory outside torch read 1.35 GiB in step 2's rollout",
+     lambda: (f"read {_actor_in('qwen3_4b_48g-u0.5', 'gen', 2)[-1]:.2f} GiB",)),
+    (L, "Through step 1's pass the process grew from 35.18 to 36.41 GiB",
+     lambda: (lambda a: (f"from {next(x for x in a if x > 30):.2f} to {max(a):.2f} GiB",))(
+         _actor_in("qwen3_4b_48g-u0.5", "old_log_prob", 1))),
 ]
 S27, NB07 = _session_readme(27), "nbs/params/07_does_it_learn.h200.yaml"
 
@@ -1117,6 +1143,123 @@ def _old_log_prob_words(util: str) -> tuple[str, ...]:
     row = next(r for r in _json(f"outputs/06_util_sweep/qwen3_4b_48g-u{util}/metrics.json")["comparison"]
                if r["quantity"] == "peak_old_log_prob_gib")
     return (f"{row['planner']:.2f} GiB", f"{row['measured']:.2f} GiB", f"util {util}", f"(x{row['ratio']:.2f})")
+
+
+def _sweep_point(name: str) -> dict:
+    return _json(f"outputs/06_util_sweep/{name}/metrics.json")
+
+
+SWEEP_POINTS = tuple(f"{c}-u{u}" for c in ("doc_small", "qwen3_4b_48g") for u in ("0.4", "0.5", "0.6", "0.7"))
+
+
+def _rows_now(name: str) -> tuple[dict, dict]:
+    """A committed point's plan and comparison rows with the planner of this code (its metrics.json keeps the rows of
+    the commit that analysed it)."""
+    from rlkit.core import params as P
+    from rlkit.experiments import util_sweep as U
+    from rlkit.planning import verdict
+
+    m = _sweep_point(name)
+    cfg = P.build(U.Config, m["config"])
+    plan = verdict.plan(U.planner_spec(cfg)).as_dict()
+    return plan, {r["quantity"]: r for r in U.comparison_rows(plan, m["measured"], cfg.case_spec)}
+
+
+def _after_fsdp_words() -> tuple[str, ...]:
+    found = [(m.get("model", {}).get("preset"), run_terms.after_fsdp_non_torch(m, folder))
+             for _, m, folder in run_terms._runs(run_terms._outputs(None)) if m.get("recipe", {}).get("n_gpus") == 1]
+    values = [v for _, v in found if v is not None]
+    presets = {p for p, v in found if v is not None}
+    term = run_terms.actor_non_torch_term()
+    if len(set(values)) != 1 or presets != {"qwen3-4b", "qwen2.5-0.5b"} or term["runs"] != len(values):
+        return ("<the one-GPU runs do not all log one value for both models>",)
+    return (f"holds {values[0]:.2f} GiB", f"planner's {budget.PlanSpec().non_torch_gib:g}",
+            f"reserved of {values[0]:.2f} GiB in all {len(values)} one-GPU runs")
+
+
+def _before_fsdp_words() -> tuple[str, ...]:
+    measured = _sweep_point("qwen3_4b_48g-u0.5")["measured"]
+    before = next(r for r in measured["verl_memory_log"] if r["label"] == "Before FSDP")
+    first = next(gib for _, held in measured["process_samples"] for _, gib, title in held
+                 if "WorkerDict" in title and gib > 0.1)
+    return (f"reads {before['device_used_gib']:.2f} GiB",) if abs(first - before["device_used_gib"]) < 0.01 else False
+
+
+def _vllm_asleep(name: str) -> float:
+    held = _sweep_point(name)["measured"]["process_phase_peaks"]["old_log_prob"]
+    return next(gib for process, gib in held.items() if "VLLM" in process)
+
+
+def _asleep_words() -> tuple[str, ...]:
+    log_prob = _sweep_point("qwen3_4b_48g-u0.5")["planner"]["device_gib"]["log_prob"]
+    small = [_vllm_asleep(p) for p in SWEEP_POINTS if p.startswith("doc_small")]
+    return (f"holds {_vllm_asleep('qwen3_4b_48g-u0.5'):.2f} GiB for Qwen3-4B at util 0.5",
+            f"{_vllm_asleep('qwen3_4b_48g-u0.6'):.2f} GiB at 0.6", f"{log_prob['cuda_graphs'] + log_prob['non_torch']:.2f} GiB;",
+            f"{min(small):.2f}-{max(small):.2f} GiB")
+
+
+def _util_words() -> tuple[str, ...]:
+    def peak(u):
+        return _sweep_point(f"qwen3_4b_48g-u{u}")["measured"]["phase_peaks"]["old_log_prob"]["peak_job_gib"]
+
+    def still(u):
+        return _sweep_point(f"qwen3_4b_48g-u{u}")["measured"]["vllm"]["sleeps"][0]["still_in_use_gib"]
+
+    if not (peak("0.4") == peak("0.5") == peak("0.7") and still("0.4") == still("0.5") == still("0.7")):
+        return ("<the points at 0.4, 0.5 and 0.7 differ>",)
+    return (f"{peak('0.5'):.2f} GiB at util 0.4", f"{peak('0.6'):.2f} GiB at 0.6", f"logged {still('0.6'):.2f} GiB",
+            f"against {still('0.5'):.2f} at the others")
+
+
+def _step1_micro_batch_words() -> tuple[str, ...]:
+    m = _sweep_point("qwen3_4b_48g-u0.5")
+    step = m["measured"]["steps"][0]
+    cap = m["recipe"]["ppo_max_token_len_per_gpu"]
+    if step["response_length/min"] != step["response_length/max"]:
+        return ("<step 1's responses differ in length>",)
+    response = int(step["response_length/max"])
+    n = cap // (int(step["prompt_length/min"]) + response)
+    return (f"ran to {response} tokens", f"cap of {cap:,} tokens", f"at most {n} sequences",
+            f"{n * (int(step['prompt_length/max']) + response):,} positions")
+
+
+def _doc_small_micro_batch_words() -> tuple[str, ...]:
+    plan, _ = _rows_now("doc_small-u0.5")
+    case = _sweep_point("doc_small-u0.5")["case"]
+    longest = run_terms.longest_prompt_term(case["model"], "synthetic", case["data_rows"])["tokens"]
+    n, response = case["micro_batch_size_per_gpu"], case["max_response_length"]
+    if plan["spec"]["log_prob_micro_batch_tokens"] != n * (longest + response):
+        return ("<the planner's micro-batch is another>",)
+    return (f"{n} x ({longest} + {response}) positions", f"not {n} x {case['max_prompt_length'] + response}")
+
+
+def _sweep_now_words() -> tuple[str, ...]:
+    rows = {p: _rows_now(p)[1] for p in SWEEP_POINTS}
+    small = {f"{rows[p]['peak_old_log_prob_gib']['ratio']:.2f}" for p in SWEEP_POINTS if p.startswith("doc_small")}
+    compared = [r for p in SWEEP_POINTS for r in rows[p].values() if r["ratio"] is not None]
+    before = [r for p in SWEEP_POINTS for r in _sweep_point(p)["comparison"] if r["ratio"] is not None]
+    if len(small) != 1:
+        return ("<doc_small's ratios differ>",)
+    return (f"x{rows['qwen3_4b_48g-u0.5']['peak_old_log_prob_gib']['ratio']:.2f} at util 0.5",
+            f"x{rows['qwen3_4b_48g-u0.6']['peak_old_log_prob_gib']['ratio']:.2f} at 0.6", f"x{small.pop()} at every util",
+            f"{sum(not r['off_by_more_than_10pct'] for r in compared)} of notebook 06's {len(compared)} compared",
+            f"({sum(not r['off_by_more_than_10pct'] for r in before)} before)")
+
+
+def _actor_rest_words() -> tuple[str, ...]:
+    plan, _ = _rows_now("qwen3_4b_48g-u0.5")
+    share = sum(v for c, v in plan["device_gib"]["log_prob"].items()
+                if c in (*budget.ACTOR_ALLOCATED_COMPONENTS, "actor_non_torch"))
+    peak = next(gib for process, gib in _sweep_point("qwen3_4b_48g-u0.5")["measured"]["process_phase_peaks"]
+                ["old_log_prob"].items() if "WorkerDict" in process)
+    return (f"peaked at {peak:.2f} GiB", f"{peak - share:.2f} GiB above", f"actor share of {share:.2f} GiB")
+
+
+def _actor_in(name: str, phase: str, step: int) -> list[float]:
+    """The actor process's per-process samples (GiB) during ``phase`` of ``step``, in order."""
+    measured = _sweep_point(name)["measured"]
+    return [gib for row, (_, held) in zip(measured["timeline"], measured["process_samples"])
+            if row["phase"] == phase and row["step"] == step for _, gib, title in held if "WorkerDict" in title]
 
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,

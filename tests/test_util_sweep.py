@@ -104,7 +104,8 @@ def test_planner_spec_is_the_emulated_card_with_the_cases_settings():
     cfg = config(case="doc_small", gpu_memory_utilization=0.4)
     spec = U.planner_spec(cfg)
     assert (spec.gpu_gib, spec.gpu_memory_utilization, spec.max_prompt_length, spec.max_response_length) == (80.0, 0.4, 256, 256)
-    assert spec.micro_batch_tokens == 4 * 512  # 4 sequences x padded 512 tokens
+    # 4 sequences x (the longest prompt verl logged for the data, 93 tokens, + 256): verl pads to the longest sequence
+    assert spec.micro_batch_tokens == 4 * (93 + 256)
     assert U.planner_spec(config(case="qwen3_4b_48g")).offload_views  # the case's offload_views patch
     assert U.planner_spec(config(enforce_eager=True)).cudagraph_gib == 0.0
     rows = U.planner_sweep(cfg)

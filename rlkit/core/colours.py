@@ -19,7 +19,7 @@ PLANNER_PHASE = {"rollout": "gen", "log_prob": "old_log_prob", "update_fwd_bwd":
 
 COMPONENT_COLOURS = {
     "vllm_weights_bf16": "#1f77b4", "kv_pool": "#17becf", "cuda_graphs": "#9edae5", "non_torch": "#7f7f7f",
-    "actor_non_torch": "#c7c7c7", "master_fp32": "#d62728", "stale_offload_copy": "#ff9896",
+    "vllm_asleep_rest": "#aec7e8", "actor_non_torch": "#c7c7c7", "master_fp32": "#d62728", "stale_offload_copy": "#ff9896",
     "compute_copy_bf16": "#ff7f0e", "grads_fp32": "#2ca02c", "adam_moments": "#9467bd", "activations": "#bcbd22",
     "logits": "#e377c2", "staging": "#8c564b", "staging_pinned": "#c49c94",
 }

@@ -26,8 +26,8 @@ GIB = 1024**3
 
 PHASES = ("rollout", "log_prob", "update_fwd_bwd", "optimizer_step", "weight_sync")
 DEVICE_COMPONENTS = (
-    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "actor_non_torch", "master_fp32", "stale_offload_copy",
-    "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
+    "vllm_weights_bf16", "kv_pool", "cuda_graphs", "non_torch", "vllm_asleep_rest", "actor_non_torch", "master_fp32",
+    "stale_offload_copy", "compute_copy_bf16", "grads_fp32", "adam_moments", "activations", "logits", "staging",
 )
 HOST_COMPONENTS = ("master_fp32", "adam_moments", "staging_pinned")
 # The actor's own allocations (what torch.cuda.max_memory_allocated of the actor counts); the other device
@@ -109,6 +109,8 @@ class PlanSpec:
     optimizer_offload: bool = True  # verl fsdp_config.optimizer_offload
     cudagraph_gib: float = 1.0  # vLLM's captured CUDA graphs (it logs the size); 0 with enforce_eager
     non_torch_gib: float = 0.5  # per process on the card (vLLM's worker, the actor's): CUDA context, NCCL, workspaces
+    actor_non_torch_gib: float = 0.0  # the actor's process outside torch's allocator; 0 = non_torch_gib
+    vllm_asleep_gib: float = 0.0  # vLLM's worker while asleep, all of it; 0 = cudagraph_gib + non_torch_gib
     logits_path: str = "torch_rowwise"  # see LOGITS_BYTES
     logits_chunk_rows: int = 0  # rows per chunk on a chunked logits path; 0 = the path's own (CHUNKED_LOGITS)
     update_entropy: str = "none"  # see UPDATE_ENTROPY_BYTES
@@ -143,15 +145,15 @@ class PlanSpec:
         if self.n_gpus % self.nodes:
             bad("nodes", f"{self.n_gpus} GPUs (n_gpus) do not split evenly over {self.nodes} nodes",
                 "set n_gpus to the GPUs of all nodes together, a multiple of nodes")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            bad("lora_rank", f"must be an integer >= 0, got {self.lora_rank!r}", "0 for full fine-tune, else the rank")
-        for key in ("cudagraph_gib", "non_torch_gib", "host_gib"):
+        for key, fix in (("lora_rank", "0 for full fine-tune, else the rank"), ("logits_chunk_rows", "0 for the path's chunk"),
+                         ("selective_layers", "0 (full checkpointing) or a number of layers")):
+            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
+                bad(key, f"must be an integer >= 0, got {getattr(self, key)!r}", fix)
+        for key in ("cudagraph_gib", "non_torch_gib", "actor_non_torch_gib", "vllm_asleep_gib", "host_gib"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0 GiB, got {getattr(self, key)!r}", "set a non-negative size in GiB")
         if self.logits_path not in LOGITS_BYTES:
             bad("logits_path", f"{self.logits_path!r} is not one of {sorted(LOGITS_BYTES)}", "pick one of them")
-        if isinstance(self.logits_chunk_rows, bool) or not isinstance(self.logits_chunk_rows, int) or self.logits_chunk_rows < 0:
-            bad("logits_chunk_rows", f"must be an integer >= 0, got {self.logits_chunk_rows!r}", "0 for the path's own chunk")
         if self.logits_chunk_rows and self.logits_path not in CHUNKED_LOGITS:
             bad("logits_chunk_rows", f"{self.logits_path!r} does not work in chunks", f"0, or a path of {list(CHUNKED_LOGITS)}")
         if not 0 <= self.mean_response_tokens <= self.max_response_length:
@@ -159,9 +161,6 @@ class PlanSpec:
                 f"{self.mean_response_tokens!r}", "the expected response tokens, or 0 for max_response_length")
         if self.update_entropy not in UPDATE_ENTROPY_BYTES:
             bad("update_entropy", f"{self.update_entropy!r} is not one of {list(UPDATE_ENTROPY_BYTES)}", "pick one of them")
-        if isinstance(self.selective_layers, bool) or not isinstance(self.selective_layers, int) or self.selective_layers < 0:
-            bad("selective_layers", f"must be an integer >= 0, got {self.selective_layers!r}", "0 (full checkpointing) "
-                "or a number of layers")
         if self.selective_layers and not self.gradient_checkpointing:
             bad("selective_layers", "selective checkpointing is a mode of gradient checkpointing",
                 "set gradient_checkpointing, or selective_layers: 0")
@@ -280,11 +279,9 @@ def phase_components(spec: PlanSpec, s: ModelShape) -> tuple[dict[str, dict[str,
     * vLLM: weights bf16, KV pool = util x total - weights - CUDA graphs - non-torch overhead. Captured
       CUDA graphs cannot be offloaded and stay resident in every phase; vLLM's own profiling
       activations are not modelled. While sleeping, vLLM frees KV and discards weights (sleep level 2).
-    * Two processes share each card: vLLM's worker and the actor's. Each holds ``non_torch_gib`` outside
-      torch's tensors (CUDA context, cuBLAS/NCCL workspaces) in every phase. vLLM's is inside its
-      ``util x total``; the actor's (``actor_non_torch``) is not. Measured on the H200 node as device used
-      minus torch reserved after verl's FSDP init, minus the idle baseline: 0.55 GiB for both models of
-      outputs/06_util_sweep/ (verl.log "After FSDP" lines).
+    * Two processes share each card, vLLM's worker and the actor's, each holding ``non_torch_gib`` outside torch's tensors
+      (CUDA context, NCCL/cuBLAS workspaces) in every phase, vLLM's inside its ``util x total``; ``actor_non_torch_gib``
+      and, while vLLM sleeps, ``vllm_asleep_gib`` (its excess: ``vllm_asleep_rest``) where measured (:mod:`.run_terms`).
     * Weight sync: vLLM weights are awake, the actor master is loaded and FSDP1's FULL_STATE_DICT
       under NO_SHARD makes a full fp32 clone on the device (staging). With ``master_on_host`` the sync
       streams from the host master one flat parameter at a time.
@@ -356,11 +353,14 @@ def _terms(spec: PlanSpec, s: ModelShape) -> _Terms:
 def _device_phases(spec: PlanSpec, s: ModelShape, t: _Terms) -> dict[str, dict[str, float]]:
     """Device bytes per phase (in PHASES order; a skipped phase is absent) and component (the components keep one
     order per phase: the figures stack them in it)."""
-    shared = {"actor_non_torch": t.non_torch, "cuda_graphs": t.graphs, "non_torch": t.non_torch}
+    actor_nt = (spec.actor_non_torch_gib or spec.non_torch_gib) * GIB
+    rest = max(spec.vllm_asleep_gib * GIB - t.graphs - t.non_torch, 0.0)  # what vLLM's sleeping worker keeps beyond
+    shared = {"actor_non_torch": actor_nt, "cuda_graphs": t.graphs, "non_torch": t.non_torch,
+              **({"vllm_asleep_rest": rest} if rest else {})}
     actor = {"master_fp32": t.master_dev, "stale_offload_copy": t.stale}
     device: dict[str, dict[str, float]] = {}
     device["rollout"] = {
-        "actor_non_torch": t.non_torch, "vllm_weights_bf16": t.vllm_weights, "kv_pool": max(t.kv_pool, 0.0),
+        "actor_non_torch": actor_nt, "vllm_weights_bf16": t.vllm_weights, "kv_pool": max(t.kv_pool, 0.0),
         "cuda_graphs": t.graphs, "non_torch": t.non_torch, "master_fp32": 0.0 if spec.param_offload else t.master_dev,
         "stale_offload_copy": t.stale, "adam_moments": t.adam_dev_idle,
     }
@@ -379,7 +379,7 @@ def _device_phases(spec: PlanSpec, s: ModelShape, t: _Terms) -> dict[str, dict[s
         "adam_moments": t.adam_dev_step,
     }
     device["weight_sync"] = {
-        "actor_non_torch": t.non_torch, "vllm_weights_bf16": t.vllm_weights, "cuda_graphs": t.graphs,
+        "actor_non_torch": actor_nt, "vllm_weights_bf16": t.vllm_weights, "cuda_graphs": t.graphs,
         "non_torch": t.non_torch, **actor, "adam_moments": t.adam_dev_idle,
         "staging": 4.0 * t.largest if spec.master_on_host else 4.0 * t.P,
     }

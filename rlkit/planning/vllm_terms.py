@@ -33,22 +33,16 @@ def _logged_graphs(run: Path) -> list[float]:
 @lru_cache(maxsize=4)
 def _measurements(outputs: Path) -> tuple[tuple[str, str, float, str], ...]:
     """(model preset, vLLM version, GiB, run folder relative to outputs/) for every committed run that logged it."""
-    from rlkit.core.results import NotACheckout, committed_runs
+    from rlkit.planning.run_terms import committed
 
     found = []
-    for notebook in SOURCES:
-        try:
-            runs = committed_runs(outputs / notebook)
-        except NotACheckout:
-            return ()
-        for run in runs:
-            metrics = json.loads((run / "metrics.json").read_text())
-            env = json.loads((run / "env.json").read_text()) if (run / "env.json").exists() else {}
-            preset = (metrics.get("model") or {}).get("preset")
-            if preset is None or (metrics.get("recipe") or {}).get("enforce_eager"):
-                continue
-            version = (env.get("versions") or {}).get("vllm") or "unrecorded"
-            found += [(preset, version, gib, f"{notebook}/{run.name}") for gib in _logged_graphs(run)]
+    for name, metrics, run in committed(outputs, SOURCES):
+        env = json.loads((run / "env.json").read_text()) if (run / "env.json").exists() else {}
+        preset = (metrics.get("model") or {}).get("preset")
+        if preset is None or (metrics.get("recipe") or {}).get("enforce_eager"):
+            continue
+        version = (env.get("versions") or {}).get("vllm") or "unrecorded"
+        found += [(preset, version, gib, name) for gib in _logged_graphs(run)]
     return tuple(found)
 
 

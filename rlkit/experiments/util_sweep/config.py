@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rlkit.core import params as P
-from rlkit.planning import budget, verdict
+from rlkit.planning import budget, run_terms, verdict
 from rlkit.planning.vllm_terms import cuda_graphs_term
 from rlkit.recipes.grpo import GRPORecipe
 
@@ -177,13 +177,19 @@ def build_recipe(cfg: Config) -> GRPORecipe:
 def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
     """The planner's inputs for the same settings as the launch, on the emulated card.
 
-    Micro-batch tokens: the dynamic-bsz token budget, or sequences per micro-batch x padded length (the
-    node runs without remove-padding). Logits: the pure-torch path (no flash-attn on the node). CUDA
+    Micro-batch tokens: the dynamic-bsz token budget, or sequences per micro-batch x their padded length (the
+    node runs without remove-padding): the longest prompt verl logged for the data
+    (:func:`rlkit.planning.run_terms.longest_prompt_term`) + max_response_length, verl padding to the longest
+    sequence without the prompts' left padding. Logits: the pure-torch path (no flash-attn on the node). CUDA
     graphs: none with enforce_eager, else what vLLM took for the model in the committed runs
-    (:func:`rlkit.planning.vllm_terms.cuda_graphs_term`), the planner's default where no run measured it.
+    (:func:`rlkit.planning.vllm_terms.cuda_graphs_term`). The actor's non-torch memory and vLLM's sleeping worker:
+    what the committed runs measured (:mod:`rlkit.planning.run_terms`). Each is the planner's default where no
+    run measured it.
     """
     case = cfg.case_spec
-    micro = case.ppo_max_token_len_per_gpu if case.use_dynamic_bsz else case.micro_batch_size_per_gpu * case.seq_len
+    prompt = run_terms.longest_prompt_term(case.model, build_recipe(cfg).data, case.data_rows)["tokens"] or case.max_prompt_length
+    micro = (case.ppo_max_token_len_per_gpu if case.use_dynamic_bsz
+             else case.micro_batch_size_per_gpu * (min(prompt, case.max_prompt_length) + case.max_response_length))
     spec = budget.PlanSpec(
         model=case.model, gpu_gib=case.emulated_total_gib, n_gpus=1,
         gpu_memory_utilization=cfg.gpu_memory_utilization if util is None else util,
@@ -197,6 +203,10 @@ def planner_spec(cfg: Config, util: float | None = None) -> budget.PlanSpec:
         spec = replace(spec, cudagraph_gib=0.0)
     elif (graphs := cuda_graphs_term(case.model)["gib"]) is not None:  # what vLLM took for this model
         spec = replace(spec, cudagraph_gib=graphs)
+    if (actor := run_terms.actor_non_torch_term(n_gpus=1)["gib"]) is not None:
+        spec = replace(spec, actor_non_torch_gib=actor)
+    if not cfg.enforce_eager and (asleep := run_terms.vllm_asleep_term(case.model)["gib"]) is not None:
+        spec = replace(spec, vllm_asleep_gib=asleep)
     options = [PATCH_PLANNER_OPTION[p] for p in case.patches if PATCH_PLANNER_OPTION[p]]
     if case.optimizer == "HostAdamW":
         options.append("cpu_optimizer_step")
