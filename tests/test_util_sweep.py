@@ -484,6 +484,7 @@ def test_reanalyze_rebuilds_the_same_labels_from_a_run_saved_without_marks(tmp_p
     assert [(r["t"], r["phase"], r["step"]) for r in again["measured"]["timeline"]] == before
     assert again["measured"]["phase_peaks"] == saved["measured"]["phase_peaks"]
     assert read_metrics(folder)["analysis"]["history"][-1]["at"] == again["analysis"]["history"][-1]["at"]
+    assert saved["comparison"] and again["analysis"]["history"][-1]["replaced_comparison"] == saved["comparison"]
     assert U.main(["reanalyze", str(folder)]) == 0 and len(read_metrics(folder)["analysis"]["history"]) == 2
 
 

@@ -234,7 +234,8 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
 
     Rewrites ``metrics.json`` in place (atomically). What the node measured (log, samples, wall time,
     return code, plugin records) is kept; what is derived from it (phase placement, peaks, planner, the
-    comparison, verdict, cost) is recomputed, and ``analysis`` records the commit that did it.
+    comparison, verdict, cost) is recomputed, and ``analysis`` records the commit that did it and the comparison it
+    replaced.
     """
     from rlkit.core.env import git_sha
     from rlkit.core.jsonio import write_json_atomic
@@ -260,7 +261,8 @@ def reanalyze(folder: str | os.PathLike) -> dict[str, Any]:
         if kept in old:
             measured[kept] = old[kept]
     history = list((metrics.get("analysis") or {}).get("history", []))
-    history.append({"rlkit_sha": git_sha(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    history.append({"rlkit_sha": git_sha(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "replaced_comparison": metrics.get("comparison")})  # what the docs said before, kept for them
     metrics.update(point_metrics(cfg, metrics["emulation"], measured, metrics["launch_reason"],
                                  env_mod.gpu_name(env_mod.read_saved(path))))
     metrics["analysis"] = {"source": "verl.log and the saved 1 Hz samples, analysed again", "history": history}
