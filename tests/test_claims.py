@@ -26,7 +26,7 @@ from _claim_sources import (  # readers of the committed files; tests/ is on sys
     SESSION11_PROFILES,
     _arm, _bandwidth_words, _by_test, _compiled_profile, _copies, _dirty, _failed_runs_say, _fastest, _host_gap_range,
     _host_overlap_extra_gib, _idle_in_optimizer, _json, _kind_share, _learning, _learning_words, _limits, _log_passes,
-    _never_on_a_gpu, _no_run_varies, _no_seed_run_with, _pass_seconds, _session26_mean, _node_minutes, _node_setup, _node_time, _outcome, _outcome_of, _padded_failure,
+    _no_run_varies, _no_seed_run_with, _pass_seconds, _session26_mean, _node_minutes, _node_setup, _node_time, _outcome, _outcome_of, _padded_failure,
     _padded_plan, _passed, _profile, _quote, _range, _same_commit, _same_sample_ratio, _says, _seed_gen_fractions,
     _seed_levers_arithmetic, _seed_profile, _selective_layer, _session, _session_readme, _source_text, _step1_pair_words,
     _steps_trained, _sweep_card, _sweep_waiting, _tested, _update_mfu, _verl_compat, _verl_compat_words, _wall, _yaml,
@@ -1139,9 +1139,16 @@ def _sac_with_compiled_kernels() -> bool:
                for m in report_profile.committed_profiles().values())
 
 
+def _comparison_before_session29(name: str) -> list[dict]:
+    """A sweep point's comparison as the docs gave it before session 29's planner terms: the one its first re-analysis
+    since then replaced (kept in analysis.history), else the one it holds."""
+    m = _sweep_point(name)
+    replaced = [h["replaced_comparison"] for h in (m.get("analysis") or {}).get("history", []) if "replaced_comparison" in h]
+    return replaced[0] if replaced else m["comparison"]
+
+
 def _old_log_prob_words(util: str) -> tuple[str, ...]:
-    row = next(r for r in _json(f"outputs/06_util_sweep/qwen3_4b_48g-u{util}/metrics.json")["comparison"]
-               if r["quantity"] == "peak_old_log_prob_gib")
+    row = next(r for r in _comparison_before_session29(f"qwen3_4b_48g-u{util}") if r["quantity"] == "peak_old_log_prob_gib")
     return (f"{row['planner']:.2f} GiB", f"{row['measured']:.2f} GiB", f"util {util}", f"(x{row['ratio']:.2f})")
 
 
@@ -1237,7 +1244,7 @@ def _sweep_now_words() -> tuple[str, ...]:
     rows = {p: _rows_now(p)[1] for p in SWEEP_POINTS}
     small = {f"{rows[p]['peak_old_log_prob_gib']['ratio']:.2f}" for p in SWEEP_POINTS if p.startswith("doc_small")}
     compared = [r for p in SWEEP_POINTS for r in rows[p].values() if r["ratio"] is not None]
-    before = [r for p in SWEEP_POINTS for r in _sweep_point(p)["comparison"] if r["ratio"] is not None]
+    before = [r for p in SWEEP_POINTS for r in _comparison_before_session29(p) if r["ratio"] is not None]
     if len(small) != 1:
         return ("<doc_small's ratios differ>",)
     return (f"x{rows['qwen3_4b_48g-u0.5']['peak_old_log_prob_gib']['ratio']:.2f} at util 0.5",
