@@ -8,10 +8,12 @@
 # each job's start and exit status. RLKIT_DRY_RUN=1 prints each job's command instead of running it.
 # Jobs (issue in brackets):
 #   resume-test       checkpoint and resume through verl with every patch, on the GPU (25)
-#   learning          notebook 07's four runs side by side, runs in ROOT/learning/runs; results tagged h200-fast, as
-#                     the h200 profile's comment renders them (25, 46)
-#   learning-2gpu     notebook 07's four runs side by side, each on two ranks (profile h200-2gpu; a node with two
-#                     GPUs), runs in ROOT/learning-2gpu/runs (46)
+#   learning          notebook 07's runs, one of each side per lease (launch_limit 2), runs in ROOT/learning/runs after
+#                     a copy of the committed ones (outputs/07_does_it_learn/h200-fast-runs: read back, not launched
+#                     again); results tagged h200-fast, as the h200 profile's comment renders them. Nothing else on the
+#                     card: session 29's two runs stopped beside the parity reruns (25, 46)
+#   learning-2gpu     the same on two ranks (profile h200-2gpu; a node with two GPUs), committed runs in
+#                     outputs/07_does_it_learn/h200-2gpu-runs (46)
 #   profile-base      one update profiled with neither lever, the same commit's base for the two below (24)
 #   profile-overlap   one update profiled with HostAdamW's overlapped copies (24)
 #   profile-compiled  one update profiled with the compiled RMSNorm, rotary and SwiGLU, then the GPU tests of both
@@ -75,7 +77,8 @@ arm_of() {  # the arm (rlkit.recipes.grpo.ARMS) a seed-arm<N> job runs
   echo "${arms[$1]}"
 }
 
-set_job() {  # cmd=(the command of job $2), its results under $1
+set_job() {  # cmd=(the command of job $2), its results under $1; reads_back: committed runs the job reads back
+  reads_back=""
   local dir=$1 job=$2 seed=(env RLKIT_PROFILE=h200-seed) one_gpu=(env RLKIT_PROFILE=h200-1gpu) padded workload
   local overlap="-p host_rank0_owner=false -p host_overlap_copies=true" levers gpu=${RLKIT_PROFILE_GPU:-h200}
   local profile_levers=(-p overlap_copies=true -p rmsnorm=compiled -p pointwise=compiled)  # the update profile's fields
@@ -85,9 +88,12 @@ set_job() {  # cmd=(the command of job $2), its results under $1
   levers+=" -p replay_poll_s=0.2"
   case $job in
     resume-test) cmd=(python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_checkpoint_resume.py) ;;
-    learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --tag h200-fast --out "$dir" -p "runs_dir=$dir/runs") ;;
+    learning) cmd=(python3 -m rlkit.experiments.learning --profile h200 --tag h200-fast --out "$dir" -p "runs_dir=$dir/runs"
+                   -p launch_limit=2)
+              reads_back=outputs/07_does_it_learn/h200-fast-runs ;;
     learning-2gpu) cmd=(python3 -m rlkit.experiments.learning --profile h200-2gpu --tag h200-2gpu --out "$dir"
-                        -p "runs_dir=$dir/runs") ;;
+                        -p "runs_dir=$dir/runs" -p launch_limit=2)
+                   reads_back=outputs/07_does_it_learn/h200-2gpu-runs ;;
     profile-base) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" --tag "$gpu-base") ;;
     profile-overlap) cmd=(env RLKIT_PROFILE_ONLY=1 scripts/node_update_profile.sh "$dir" -p overlap_copies=true
                           --tag "$gpu-overlap") ;;
@@ -141,7 +147,10 @@ for job in "$@"; do  # every name first, so that a typo does not surface an hour
   set_job "$root/$job" "$job" || { echo "unknown job '$job' (see the header of $0)" >&2; exit 2; }
 done
 if [ "${RLKIT_DRY_RUN:-0}" = 1 ]; then
-  for job in "$@"; do set_job "$root/$job" "$job"; echo "$job: $(printf '%q ' "${cmd[@]}")"; done
+  for job in "$@"; do
+    set_job "$root/$job" "$job"; echo "$job: $(printf '%q ' "${cmd[@]}")"
+    [ -z "$reads_back" ] || echo "$job reads back the runs in $reads_back" >&2
+  done
   exit 0
 fi
 mkdir -p "$root"
@@ -151,6 +160,9 @@ status=0
 for job in "$@"; do
   mkdir -p "$root/$job"
   set_job "$root/$job" "$job"
+  if [ -n "$reads_back" ] && [ -d "$reads_back" ]; then  # earlier leases' runs, committed: read back, not launched again
+    mkdir -p "$root/$job/runs" && cp -r "$reads_back"/. "$root/$job/runs"/
+  fi
   run_in_session "$job/$job" "${cmd[@]}"
   code=$(tail -1 "$root/progress.txt" | awk '{print $NF}')
   [ "$code" = 0 ] || status=1

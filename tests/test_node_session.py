@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.core.env import REPO_ROOT
+from rlkit.core.results import load_profile
 from rlkit.experiments import learning, update_profile
 from rlkit.recipes.grpo import ARMS, GRPORecipe
 
@@ -106,6 +107,11 @@ def test_the_learning_jobs_run_the_profile_and_tag_their_yaml_names(tmp_path, jo
     assert words[6] == tag
     yaml = REPO_ROOT / "nbs" / "params" / f"{learning.NOTEBOOK}.{profile}.yaml"
     assert f"python -m rlkit.experiments.learning --profile {profile} --tag {tag}" in yaml.read_text()
+    # one run of each side per lease, after the runs of earlier leases, which the job copies in from the profile's
+    # runs_dir (where they are committed) so that it launches only the missing ones
+    assert words[-2:] == ["-p", "launch_limit=2"]
+    runs_dir = load_profile(learning.NOTEBOOK, profile)["runs_dir"]
+    assert proc.stderr.strip() == f"{job} reads back the runs in {runs_dir}"
 
 
 def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):
