@@ -710,7 +710,7 @@ LAB_NOTES += [
     (L, "old_log_prob's rest named (session 29)",
      _says("(session 29)", lambda: (REPO_ROOT / "tests/test_run_terms.py").exists())),
     (L, "The actor's process holds 1.15 GiB outside torch's allocator, not the planner's 0.5: verl's \"After FSDP\" line "
-        "gives used minus reserved of 1.15 GiB in all 23 one-GPU runs of notebooks 05 and 06, both models",
+        "gives used minus reserved of 1.15 GiB in all 24 one-GPU runs of notebooks 05 and 06, both models",
      lambda: _after_fsdp_words()),
     (L, "its \"Before FSDP\" line reads 0.51 GiB, the actor's CUDA context, as the actor's own sample does",
      lambda: _before_fsdp_words()),
@@ -1271,6 +1271,86 @@ def _actor_in(name: str, phase: str, step: int) -> list[float]:
 
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
 # a rule of the code, a formula, or the word "failed" naming a folder. Each must still be in its doc.
+S30 = "outputs/_node/session30/README.md"
+ARC1_S30, ARC5_S21, ARM1_S19 = ("h200-seed-1-fixes-hostadamw.session30", "h200-seed-5-master-on-host-cast-once.session21",
+                                "h200-seed-1-fixes-hostadamw.session19")
+
+
+def _phase_ratios(run: str) -> dict[str, float]:
+    from rlkit.experiments.estimates import planner_phase_check
+
+    return {phase: e["ratio"] for phase, e in planner_phase_check(_arm(run)).items() if e["ratio"] is not None}
+
+
+def _gpu_of(run: str) -> str:
+    return _json(f"{ARMS}/{run}/env.json")["gpus"][0]["name"]
+
+
+def _allocator_gap(run: str) -> float:
+    s = _arm(run)["summary"]
+    return s["actor_max_reserved_gib"] - s["actor_max_allocated_gib"]
+
+
+def _arc_arm1_words() -> tuple[str, ...]:
+    from rlkit.verl.logs import training_steps
+
+    m, progress = _arm(ARC1_S30), _source_text("outputs/05_grpo_qwen3_4b/node-progress-session30.txt")
+    start, end = (re.search(rf"(\d\d:\d\d:\d\d) seed-arm1/seed-arm1 {w}", progress).group(1) for w in ("start", "exit 0"))
+    steps = len(training_steps(m["steps"]))
+    return (f"{start} to {end}", f"trained {steps} of {m['recipe']['steps']} steps")
+
+
+def _arc_pair_words() -> tuple[str, ...]:
+    a1, a5 = _arm(ARC1_S30)["summary"], _arm(ARC5_S21)["summary"]
+    return (f"took {a5['step_s']:.1f} s", f"peaked at {a5['actor_max_allocated_gib']:.2f} GiB",
+            f"{1 - a5['step_s'] / a1['step_s']:.1%} shorter",
+            f"{a1['actor_max_allocated_gib'] - a5['actor_max_allocated_gib']:.2f} GiB lower")
+
+
+def _arc_sentence_unlike() -> bool:
+    readme = _source_text("README.md")
+    line = next(l for l in readme.splitlines() if l.startswith("5-master-on-host-cast-once against 1-fixes-hostadamw"))
+    return "not like for like" in line and line.count("not judged") == 2
+
+
+CLAIMS += [  # docs/lab-notes.md: session 30, the arc's arm 1
+    (L, "Arm 1 of the arc on one H100 (session 30)",
+     _says("(session 30)", lambda: _json(f"{ARMS}/{ARC1_S30}/env.json")["git_sha"].startswith("c6ceef4"))),
+    (L, "A call asking for an H200 got an H100 at 10:20",
+     lambda: ("got an H100 at 10:20",) if "10:20:20, `nvidia-h200`: an NVIDIA H100 80GB HBM3 came" in _source_text(S30)
+     and _gpu_of(ARC1_S30).startswith("NVIDIA H100") else False),
+    (L, "10:22:00 to 10:34:03, and trained 4 of 4 steps", _arc_arm1_words),
+    (L, "a step of 98.8 s (gen 44.8 s, old_log_prob 10.6 s, update_actor 42.2 s) and an actor peak of 40.97 GiB",
+     lambda: (lambda s: (f"a step of {s['step_s']:.1f} s", f"gen {s['gen_s']:.1f} s",
+                         f"old_log_prob {s['old_log_prob_s']:.1f} s", f"update_actor {s['update_actor_s']:.1f} s",
+                         f"peak of {s['actor_max_allocated_gib']:.2f} GiB"))(_arm(ARC1_S30)["summary"])),
+    (L, "took 84.9 s and peaked at 32.30 GiB: 14.0% shorter and 8.67 GiB lower", _arc_pair_words),
+    (L, "the README's arc sentence calls the pair not like for like and judges neither of the seed's targets",
+     _says("not like for like and judges neither", _arc_sentence_unlike)),
+    (L, "arm 1's session-19 run on an H200 (commit e7f8328) took 89.4 s",
+     lambda: (f"took {_arm(ARM1_S19)['summary']['step_s']:.1f} s", f"commit {_json(f'{ARMS}/{ARM1_S19}/env.json')['git_sha'][:7]}")
+     if _gpu_of(ARM1_S19).startswith("NVIDIA H200") else False),
+    (L, "Its gen was 36.1 s against 44.8 s here, its update_actor 41.7 s against 42.2 s",
+     lambda: (lambda h200, h100: (f"gen was {h200['gen_s']:.1f} s against {h100['gen_s']:.1f} s",
+                                  f"update_actor {h200['update_actor_s']:.1f} s against {h100['update_actor_s']:.1f} s"))(
+                                      _arm(ARM1_S19)["summary"], _arm(ARC1_S30)["summary"])),
+    (L, "gen x1.07 and old_log_prob x1.08 are within its 10%; update_actor is x1.13",
+     lambda: (lambda r: (f"gen x{r['gen']:.2f}", f"old_log_prob x{r['old_log_prob']:.2f}",
+                         f"update_actor is x{r['update_actor']:.2f}") if abs(r["gen"] - 1) <= 0.1
+              and abs(r["old_log_prob"] - 1) <= 0.1 < abs(r["update_actor"] - 1) else False)(_phase_ratios(ARC1_S30))),
+    (L, "The actor's caching allocator reserved 5.93 GiB above its peak allocation (46.90 against 40.97 GiB",
+     lambda: (f"reserved {_allocator_gap(ARC1_S30):.2f} GiB",
+              f"({_arm(ARC1_S30)['summary']['actor_max_reserved_gib']:.2f} against "
+              f"{_arm(ARC1_S30)['summary']['actor_max_allocated_gib']:.2f} GiB")),
+    (L, "Without it update_actor is x0.99. Arm 5's gap was 3.30 GiB, and its update_actor x1.04",
+     lambda: (lambda e: (f"is x{(e['measured_gib'] - _allocator_gap(ARC1_S30)) / e['planner_gib']:.2f}",
+                         f"gap was {_allocator_gap(ARC5_S21):.2f} GiB",
+                         f"update_actor x{_phase_ratios(ARC5_S21)['update_actor']:.2f}"))(
+                             __import__("rlkit.experiments.estimates", fromlist=["x"]).planner_phase_check(
+                                 _arm(ARC1_S30))["update_actor"])),
+]
+
+
 NOT_RESULTS = [
     ("README.md", "Packages in layers, each importing only those below it", "the house's rule, which tests/test_architecture.py "
                                                                         "enforces"),
