@@ -192,6 +192,13 @@ def test_the_plugin_selects_the_instrument_only_when_asked():
     assert verl_plugin._selection([], {olp.ENV: ""}) == ([], [], [], [])
 
 
+def test_the_recipe_turns_it_on_by_default_and_off_when_asked():
+    from rlkit.recipes import grpo, job
+
+    assert job.recipe_env(grpo.GRPORecipe())[olp.ENV] == "1"
+    assert job.recipe_env(grpo.GRPORecipe(record_old_log_prob_memory=False))[olp.ENV] == ""
+
+
 def test_runs_without_the_keys_have_no_record():
     assert olp.peaks_from_steps([{"actor/perf/max_memory_allocated_gb": 39.9}]) is None
     assert olp.peaks_from_steps([{olp.LOGGED_KEYS[0]: 3.0}, {olp.LOGGED_KEYS[0]: 4.5}]) == {"max_allocated_gib": 4.5}
