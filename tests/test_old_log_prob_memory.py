@@ -201,7 +201,7 @@ def test_the_recipe_turns_it_on_by_default_and_off_when_asked():
 
 def test_runs_without_the_keys_have_no_record():
     assert olp.peaks_from_steps([{"actor/perf/max_memory_allocated_gb": 39.9}]) is None
-    assert olp.peaks_from_steps([{olp.LOGGED_KEYS[0]: 3.0}, {olp.LOGGED_KEYS[0]: 4.5}]) == {"max_allocated_gib": 4.5}
+    assert olp.peaks_from_steps([{olp.LOGGED_KEYS[0]: 4.5}, {olp.LOGGED_KEYS[0]: 3.0}]) == {"max_allocated_gib": 4.5}
 
 
 @pytest.mark.verl
