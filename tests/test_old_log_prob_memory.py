@@ -183,6 +183,20 @@ def test_fold_restores_every_peak_reading_and_reports_a_pass_once():
     assert olp.KEYS[0] not in window.fold({})  # the next update, without a pass before it, reports none
 
 
+@pytest.mark.verl
+def test_an_update_output_without_metrics_comes_back_as_it_is():
+    """None off the output ranks, and the empty TensorDict verl's TransferQueue bridge returns on a rank that does not
+    collect."""
+    from tensordict import TensorDict
+
+    window = olp.Window(FakeAllocator())
+    window.exit(window.enter())
+    assert olp._with_folded_metrics(None, window) is None
+    empty = TensorDict({}, batch_size=(0,))
+    assert olp._with_folded_metrics(empty, window) is empty and list(empty.keys()) == []
+    assert window.last is not None  # still there for an update that reports
+
+
 def test_the_plugin_selects_the_instrument_only_when_asked():
     from rlkit.patches import verl_plugin
 

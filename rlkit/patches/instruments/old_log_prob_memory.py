@@ -143,12 +143,15 @@ def _window(worker, create: bool) -> Window | None:
 
 
 def _with_folded_metrics(output, window: Window):
-    """verl's update output (a TensorDict with a ``metrics`` dict, or None off the output ranks), folded."""
+    """verl's update output (a TensorDict with a ``metrics`` dict), folded; as it is where it has no metrics (None, or
+    the empty TensorDict verl's TransferQueue bridge returns on a rank that does not collect)."""
     if output is None:
         return output
     from verl.utils import tensordict_utils as tu
 
-    tu.assign_non_tensor(output, metrics=window.fold(tu.get(output, "metrics")))
+    metrics = tu.get(output, "metrics")
+    if isinstance(metrics, dict):
+        tu.assign_non_tensor(output, metrics=window.fold(metrics))
     return output
 
 
