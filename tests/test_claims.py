@@ -1269,6 +1269,25 @@ def _actor_in(name: str, phase: str, step: int) -> list[float]:
             if row["phase"] == phase and row["step"] == step for _, gib, title in held if "WorkerDict" in title]
 
 
+def _no_run_records_old_log_prob_memory() -> bool:
+    """No committed run's files carry the old_log_prob memory instrument's metrics."""
+    return not any("rlkit/old_log_prob/" in p.read_text(errors="replace")
+                   for p in (REPO_ROOT / "outputs").rglob("*") if p.suffix in (".json", ".jsonl", ".log") and p.is_file())
+
+
+CLAIMS += [  # docs/patches.md: the old_log_prob memory instrument
+    ("docs/patches.md", "its old_log_prob memory instrument has not yet run on a GPU",
+     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
+    ("docs/patches.md", "The old_log_prob memory instrument has not yet run on a GPU: no committed run records these numbers",
+     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
+    ("docs/lab-notes.md", "The instrument for old_log_prob's peaks has not yet run on a GPU",
+     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
+    ("docs/patches.md", "the committed points predate the instrument and compare as before",
+     _by_test("compare as before", "tests/test_util_sweep.py::"
+              "test_committed_points_compare_exactly_as_before_without_the_instruments_record")),
+]
+
+
 # Sentences the detector flags that state no measured result, each with why: a configuration value the user sets,
 # a rule of the code, a formula, or the word "failed" naming a folder. Each must still be in its doc.
 S30 = "outputs/_node/session30/README.md"

@@ -507,10 +507,11 @@ OTHER_VERSIONS = {"verl": "0.10.0", "torch": "2.15.0", "transformers": "5.18.0"}
 
 def _shipped_patches():
     from rlkit import patches
-    from rlkit.patches.instruments import rank_identity
+    from rlkit.patches.instruments import old_log_prob_memory, rank_identity
     from rlkit.patches.verl import master_on_host_verl
 
-    return [patches.get(name) for name in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH]
+    return [patches.get(name) for name in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH,
+                                                                    old_log_prob_memory.PATCH]
 
 
 def _other_version_env(tmp_path: Path, dist: str) -> dict[str, str]:
@@ -534,8 +535,9 @@ CHECK_ALL = """
 import json, sys
 from rlkit import patches
 from rlkit.patches.verl import master_on_host_verl
-from rlkit.patches.instruments import rank_identity
-shipped = [patches.get(n) for n in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH]
+from rlkit.patches.instruments import old_log_prob_memory, rank_identity
+shipped = [patches.get(n) for n in patches.KNOWN_PATCHES] + [master_on_host_verl.PATCH, rank_identity.PATCH,
+                                                             old_log_prob_memory.PATCH]
 out = {}
 for patch in shipped:
     if sys.argv[1] in patch.requires:

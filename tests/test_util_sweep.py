@@ -586,3 +586,75 @@ def test_per_process_samples_are_cut_by_phase_and_kept_for_reanalysis(tmp_path):
     assert again["measured"]["process_phase_peaks"] == m["process_phase_peaks"]
     rows = U.process_rows([again])
     assert {"phase": "gen", "process": "VLLM::Worker [11]", "peak_gib": 30.0}.items() <= rows[0].items()
+
+
+# ------------------------------------------------------------------------------------------- old_log_prob's own peaks
+
+COMMITTED = Path(__file__).resolve().parents[1] / "outputs" / U.NOTEBOOK
+
+
+def _committed_points() -> list[Path]:
+    return sorted(p.parent for p in COMMITTED.glob("*/metrics.json") if read_metrics(p.parent).get("measured"))
+
+
+def test_committed_points_compare_exactly_as_before_without_the_instruments_record():
+    """Every committed point predates rlkit.patches.instruments.old_log_prob_memory: its comparison rows, recomputed
+    from its saved planner and measurement, are the committed ones, and its gap row has no old_log_prob split."""
+    points = _committed_points()
+    assert len(points) >= 8
+    for folder in points:
+        m = read_metrics(folder)
+        assert "old_log_prob_memory" not in m["measured"]
+        assert U.comparison_rows(m["planner"], m["measured"], P.build(U.Config, m["config"]).case_spec) == m["comparison"]
+        (gap,) = U.gap_rows([m])
+        assert not any(k.startswith("log_prob_actor_") and k != "log_prob_actor_process_gib" for k in gap)
+
+
+def test_a_committed_point_analysed_again_reads_no_record_from_its_log(tmp_path):
+    """The whole re-analysis, from verl.log, of the point the lab notes name (qwen3_4b_48g at util 0.5): the same
+    comparison and the same measured keys."""
+    import shutil
+
+    src = COMMITTED / "qwen3_4b_48g-u0.5"
+    folder = tmp_path / src.name
+    shutil.copytree(src, folder)
+    before = read_metrics(src)
+    again = U.reanalyze(folder)
+    assert again["comparison"] == before["comparison"] and again["measured"].keys() == before["measured"].keys()
+
+
+def test_the_instruments_peaks_add_a_row_and_split_old_log_prob_when_present():
+    """SYNTHETIC record (not a measurement) on the committed util-0.5 point: the compared rows gain the actor's
+    old_log_prob allocated peak, the rest unchanged; the gap row splits the process peak into allocated, the
+    allocator's cache and memory outside torch."""
+    m = read_metrics(COMMITTED / "qwen3_4b_48g-u0.5")
+    case = P.build(U.Config, m["config"]).case_spec
+    record = {"max_allocated_gib": 30.0, "max_reserved_gib": 35.0, "allocated_at_entry_gib": 1.0,
+              "reserved_at_entry_gib": 2.0}
+    measured = {**m["measured"], "old_log_prob_memory": record}
+    rows = U.comparison_rows(m["planner"], measured, case)
+    assert rows[:-1] == m["comparison"]
+    planner_actor = sum(v for c, v in m["planner"]["device_gib"]["log_prob"].items()
+                        if c in budget.ACTOR_ALLOCATED_COMPONENTS)
+    assert rows[-1]["quantity"] == "old_log_prob_actor_allocated_gib" and rows[-1]["measured"] == 30.0
+    assert rows[-1]["planner"] == planner_actor and rows[-1]["ratio"] == pytest.approx(30.0 / planner_actor)
+    (gap,) = U.gap_rows([{**m, "measured": measured}])
+    process = U.process_phase_peak(measured, "old_log_prob", "actor")
+    assert (gap["log_prob_actor_allocated_gib"], gap["log_prob_actor_reserved_gib"]) == (30.0, 35.0)
+    assert gap["log_prob_allocator_cache_gib"] == 5.0
+    assert gap["log_prob_actor_non_torch_gib"] == pytest.approx(process - 35.0)
+    assert gap["planner_log_prob_actor_allocated_gib"] == planner_actor
+
+
+def test_measure_from_logs_keeps_the_largest_record_of_the_steps():
+    from rlkit.patches.instruments import old_log_prob_memory as olp
+
+    text, samples, marks = synthetic_samples_and_marks()
+    steps = verl_logs.parse_console_metrics(text)
+    plain = U.measure_from_logs(steps, text, samples, marks, U.CASES["doc_small"], 107.0, 0)
+    assert "old_log_prob_memory" not in plain
+    for value, step in zip((4.0, 5.5), verl_logs.training_steps(steps)):
+        step.update({key: value for key in olp.LOGGED_KEYS})
+    m = U.measure_from_logs(steps, text, samples, marks, U.CASES["doc_small"], 107.0, 0)
+    assert m["old_log_prob_memory"] == {"max_allocated_gib": 5.5, "max_reserved_gib": 5.5,
+                                        "allocated_at_entry_gib": 5.5, "reserved_at_entry_gib": 5.5}

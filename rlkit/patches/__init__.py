@@ -43,12 +43,12 @@ KNOWN_PATCHES: dict[str, str] = {
 }
 
 
-# The plugin's other patches, never named in RLKIT_PATCHES: the checkpoint guard (every selection), master_on_host's
-# verl wiring (with master_on_host) and the rank-identity instrument (RLKIT_CHECK_RANK_IDENTITY).
+# The plugin's other patches (guard, wiring, instruments), never named in RLKIT_PATCHES: verl_plugin._selection picks them.
 PLUGIN_PATCHES: dict[str, str] = {
     "checkpoint_fingerprint": "rlkit.patches.guards.checkpoint_fingerprint",
     "master_on_host_verl": "rlkit.patches.verl.master_on_host_verl",
     "rank_identity": "rlkit.patches.instruments.rank_identity",
+    "old_log_prob_memory": "rlkit.patches.instruments.old_log_prob_memory",
 }
 
 

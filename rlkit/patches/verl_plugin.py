@@ -37,7 +37,8 @@ from pathlib import Path
 PATCHES_ENV = "RLKIT_PATCHES"
 RECORD_DIR_ENV = "RLKIT_RECORD_DIR"
 # Measurement aids, not optimizations (they change no computation): the emulated card size in GiB
-# (rlkit.patches.instruments.emulate_card) and the after-step rank-identity check (rlkit.patches.instruments.rank_identity).
+# (rlkit.patches.instruments.emulate_card), the after-step rank-identity check (rlkit.patches.instruments.rank_identity)
+# and old_log_prob's own peak memory (rlkit.patches.instruments.old_log_prob_memory, RLKIT_OLD_LOG_PROB_MEMORY).
 EMULATE_ENV = "RLKIT_EMULATE_GPU_GIB"
 RANK_CHECK_ENV = "RLKIT_CHECK_RANK_IDENTITY"
 _VERSIONED = ("torch", "verl", "transformers", "vllm", "ray", "rlkit")
@@ -114,6 +115,10 @@ def _selection(requested: list[str], environ) -> tuple[list, list, list, list]:
         from rlkit.patches.instruments import rank_identity
 
         instruments.append(rank_identity.PATCH)
+    from rlkit.patches.instruments import old_log_prob_memory
+
+    if old_log_prob_memory.requested(environ):
+        instruments.append(old_log_prob_memory.PATCH)
     if not requested and not instruments:
         return [], [], [], []
     selected = [patches.get(name) for name in requested]

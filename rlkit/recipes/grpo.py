@@ -107,6 +107,7 @@ class GRPORecipe:
     planner_gpu_gib: float = 47.4      # device memory the planner checks against (A6000: 47.4, H200: 139.8)
     emulate_gpu_gib: float = 0.0       # >0: every verl process sees a card of this size (rlkit.patches.instruments.emulate_card); 0: off
     check_rank_identity: bool = True   # after each optimizer step, record max |weights - rank 0's| (n_gpus > 1)
+    record_old_log_prob_memory: bool = True  # torch's peak allocated/reserved of the actor's old_log_prob pass, per step
     launch: Literal["auto", "always", "never"] = "auto"  # auto: launch verl when n_gpus CUDA GPUs exist
     expect_failure: bool = False       # the stock arm: a memory failure of verl is the recorded result
     verify_before_launch: bool = True  # false: skip the separate verl config check (~25 s) when launching

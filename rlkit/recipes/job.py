@@ -69,7 +69,9 @@ def recipe_env(recipe) -> dict[str, str]:
             # 0 (pre-flight's choice) is resolved before a launch (rlkit.experiments.grpo.run); unresolved, the patch refuses
             "RLKIT_SELECTIVE_LAYERS": str(recipe.selective_layers or "") if "selective_checkpoint" in recipe.active_patches else "",
             "RLKIT_EMULATE_GPU_GIB": f"{recipe.emulate_gpu_gib:g}" if recipe.emulate_gpu_gib else "",
-            "RLKIT_CHECK_RANK_IDENTITY": "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else ""}
+            "RLKIT_CHECK_RANK_IDENTITY": "1" if recipe.check_rank_identity and recipe.n_gpus > 1 else "",
+            # measurement only (rlkit.patches.instruments.old_log_prob_memory); a no-op where no old_log_prob pass runs
+            "RLKIT_OLD_LOG_PROB_MEMORY": "1" if recipe.record_old_log_prob_memory else ""}
 
 
 def shell_command(recipe, overrides: list[str]) -> str:

@@ -41,6 +41,8 @@ from rlkit.experiments.util_sweep.comparison import (
                                                      cost_summary,
                                                      emulated_verdict,
                                                      gap_rows,
+                                                     old_log_prob_rows,
+                                                     old_log_prob_split,
                                                      process_phase_peak,
                                                      update_breakdown,
                                                      vllm_outside_pool_by_step,
@@ -85,7 +87,8 @@ from rlkit.experiments.util_sweep.timeline import label_samples, phase_intervals
 __all__ = ["CASES", "METRICS_KEYS", "MIN_PHASE_SAMPLES", "NOTEBOOK", "PATCH_PLANNER_OPTION", "PHASE_MAP", "TOLERANCE",
            "VERL_ROLLOUT_POLL_S", "Case", "Config", "answer_lines", "build_recipe", "comparison_rows", "comparison_table",
            "cost_summary", "describe", "emulated_verdict", "emulation_info", "extra_overrides", "first_update_oom",
-           "gap_rows", "label_samples", "launch_measured", "main", "measure_from_logs", "phase_intervals", "phase_peaks",
+           "gap_rows", "label_samples", "launch_measured", "main", "measure_from_logs", "old_log_prob_rows",
+           "old_log_prob_split", "phase_intervals", "phase_peaks",
            "planner_spec", "planner_sweep", "point_folders", "point_metrics", "process_peaks", "process_phase_peak", "process_rows",
            "read_results", "reanalyze", "run", "runs_of", "saved_samples_and_marks", "sweep_rows", "throughput_figure",
            "timeline_figure", "update_breakdown", "vllm_outside_pool_by_step"]

@@ -59,6 +59,7 @@ def comparison_rows(plan: dict[str, Any], measured: dict[str, Any] | None, case:
             too_short.add(f"peak_{verl_phase}_gib")
             source += f"; {entry['samples']} samples: too short to compare at this sampling rate"
         rows.append((f"peak_{verl_phase}_gib", estimate, entry.get("peak_job_gib"), source))
+    rows += old_log_prob_rows(plan, m.get("old_log_prob_memory"))
     out = []
     for quantity, estimate, value, source in rows:
         ratio = value / estimate if value is not None and estimate and quantity not in too_short else None
@@ -66,6 +67,37 @@ def comparison_rows(plan: dict[str, Any], measured: dict[str, Any] | None, case:
                     "off_by_more_than_10pct": None if ratio is None else abs(ratio - 1.0) > TOLERANCE,
                     "measured_source": source})
     return out
+
+
+def _actor_allocated(plan: dict[str, Any], phase: str) -> float:
+    """The planner's actor allocated bytes (GiB) in ``phase``."""
+    return sum(v for c, v in plan["device_gib"].get(phase, {}).items() if c in budget.ACTOR_ALLOCATED_COMPONENTS)
+
+
+def old_log_prob_rows(plan: dict[str, Any], olp: dict[str, float] | None) -> list[tuple]:
+    """The actor's torch peak allocated in its old_log_prob pass alone (:mod:`rlkit.patches.instruments.old_log_prob_memory`)
+    against the planner's actor allocated share of log_prob; none for runs recorded before the instrument. Its
+    reserved peak is not compared here (the planner models allocated bytes): :func:`old_log_prob_split` shows it."""
+    if not olp or olp.get("max_allocated_gib") is None:
+        return []
+    source = "rlkit actor/rlkit/old_log_prob/max_allocated_gib (torch peak of the actor's compute_log_prob, reset at its entry)"
+    return [("old_log_prob_actor_allocated_gib", _actor_allocated(plan, "log_prob"), olp["max_allocated_gib"], source)]
+
+
+def old_log_prob_split(measured: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """old_log_prob's actor process split by its torch peaks: allocated, the allocator's cache (reserved -
+    allocated) and what the process held outside torch (its per-process peak - reserved); empty without the
+    instrument's record."""
+    olp = measured.get("old_log_prob_memory")
+    if not olp:
+        return {}
+    allocated, reserved = olp.get("max_allocated_gib"), olp.get("max_reserved_gib")
+    process = process_phase_peak(measured, "old_log_prob", "actor")
+    return {"log_prob_actor_allocated_gib": allocated, "log_prob_actor_reserved_gib": reserved,
+            "log_prob_actor_allocated_at_entry_gib": olp.get("allocated_at_entry_gib"),
+            "log_prob_allocator_cache_gib": reserved - allocated if None not in (allocated, reserved) else None,
+            "log_prob_actor_non_torch_gib": process - reserved if None not in (process, reserved) else None,
+            "planner_log_prob_actor_allocated_gib": _actor_allocated(plan, "log_prob")}
 
 
 def update_breakdown(measured: dict[str, Any] | None, plan: dict[str, Any]) -> dict[str, Any] | None:
@@ -206,5 +238,6 @@ def gap_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "log_prob_actor_process_gib": process_phase_peak(m, "old_log_prob", "actor"),
                      "planner_log_prob_actor_gib": sum(log_prob.get(c, 0.0) for c in
                                                        (*budget.ACTOR_ALLOCATED_COMPONENTS, "actor_non_torch")),
-                     "log_prob_vllm_process_gib": process_phase_peak(m, "old_log_prob", "vllm")})
+                     "log_prob_vllm_process_gib": process_phase_peak(m, "old_log_prob", "vllm"),
+                     **old_log_prob_split(m, r["planner"])})
     return rows

@@ -23,6 +23,7 @@ from rlkit.experiments.util_sweep.config import (
     planner_sweep,
 )
 from rlkit.experiments.util_sweep.timeline import label_samples, phase_intervals, phase_peaks, process_peaks
+from rlkit.patches.instruments import old_log_prob_memory
 from rlkit.planning import verdict
 from rlkit.recipes import check
 from rlkit.recipes import job as verl_job
@@ -59,6 +60,8 @@ def measure_from_logs(steps: list[dict[str, Any]], log_text: str, samples: list[
     gen_s = summary.get("gen_s")
     gen_tok = [s["generation_tok_s"] for s in vllm["stats"] if s["generation_tok_s"] > 0]
     failure = verl_logs.find_failure(log_text)
+    # The actor's own peaks in old_log_prob (rlkit.patches.instruments.old_log_prob_memory); absent from runs before it.
+    olp_memory = old_log_prob_memory.peaks_from_steps(trained)
     return {
         "returncode": returncode,
         "wall_s": wall_s,
@@ -80,6 +83,7 @@ def measure_from_logs(steps: list[dict[str, Any]], log_text: str, samples: list[
         "marks": [[t, name] for t, name in marks],
         "process_samples": [[t, held] for t, held in process_samples] if process_samples is not None else None,
         "process_phase_peaks": process_peaks(process_samples, intervals, launch_t) if process_samples else None,
+        **({"old_log_prob_memory": olp_memory} if olp_memory else {}),
     }
 
 
