@@ -118,6 +118,13 @@ def _kept_bytes(kept: dict[int, torch.Tensor]) -> dict[torch.dtype, int]:
     return out
 
 
+# torch's varlen_attn custom op (torch_attn._varlen_attn) returns its output, the fp32 log-sum-exp and an RNG state:
+# torch.zeros(2, dtype=uint64), the flash kernel's philox seed and offset, zeros since varlen_attn hardcodes dropout 0
+# (torch/nn/attention/varlen.py; its fake kernel gives the same shape). The policy keeps all three outputs, so each
+# selective layer's cache holds these 16 bytes too: a constant per layer, not per token, which the planner ignores.
+VARLEN_RNG_STATE_BYTES = 16
+
+
 def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
     """One Qwen3-4B-wide layer in bf16 on the CPU, 64 packed tokens (two sequences), attention through rlkit_varlen as
     the update profile selects it (on the CPU: per-sequence SDPA, the CPU flash kernel): the cache holds per token the
@@ -152,7 +159,8 @@ def test_a_selective_layer_keeps_what_the_planner_counts_per_token(monkeypatch):
 def test_the_gpu_varlen_kernel_output_is_kept():
     """On the GPU rlkit_varlen calls torch's varlen_attn, a custom op (torch_attn._varlen_attn) that the policy sees
     whole. Run through torch's own caching mode with the patch's policy on meta tensors (its registered fake kernel,
-    Qwen3-4B's heads): the cache keeps its output, tokens x q_dim bf16 elements, instead of recomputing it."""
+    Qwen3-4B's heads): the cache keeps its output, tokens x q_dim bf16 elements, instead of recomputing it, with the
+    op's other outputs: the log-sum-exp and its RNG state (:data:`VARLEN_RNG_STATE_BYTES`)."""
     from torch.nn.attention.varlen import varlen_attn
 
     shape, tokens = model_shape.resolve_model("qwen3-4b"), 64
@@ -167,6 +175,9 @@ def test_the_gpu_varlen_kernel_output_is_kept():
     out = torch.utils._pytree.tree_leaves(entry)[0]
     assert hasattr(out, "val"), "the policy left the varlen kernel to recompute: its output is not kept"
     assert out.val.dtype == torch.bfloat16 and out.val.numel() == tokens * shape.q_dim
+    kept = [leaf.val for leaf in torch.utils._pytree.tree_leaves(entry) if hasattr(leaf, "val")]
+    rng = [t for t in kept if t.dtype == torch.uint64]
+    assert [(t.numel(), t.element_size()) for t in rng] == [(2, 8)] and 2 * 8 == VARLEN_RNG_STATE_BYTES
 
 
 def test_apply_is_idempotent_and_revert_restores_transformers_enable(monkeypatch):
@@ -227,7 +238,8 @@ def _packed_qwen_layers_on_cuda(layers: str | None, caches: list, monkeypatch, t
 def test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_bytes(monkeypatch):
     """The GPU path the seed's update takes (torch's varlen flash kernel, a custom op the policy keeps whole): loss and
     every gradient bit-identical (0.0) to full checkpointing, and each layer's cache holding per token the planner's
-    bf16 elements plus the kernel's fp32 log-sum-exp (one per head)."""
+    bf16 elements plus the kernel's fp32 log-sum-exp (one per head), and per layer the op's RNG state, 16 bytes
+    (:data:`VARLEN_RNG_STATE_BYTES`; session 30's GPU run failed on it, outputs/_node/session30/selective-gpu-test.log)."""
     full_loss, full_grads, _ = _packed_qwen_layers_on_cuda(None, [], monkeypatch)
     caches: list = []
     loss, grads, kept = _packed_qwen_layers_on_cuda("all", caches, monkeypatch)
@@ -239,4 +251,5 @@ def test_on_the_gpu_a_selective_layer_is_bit_identical_and_keeps_the_planners_by
     assert len(kept) == 2
     for layer in kept:
         assert _kept_bytes(layer) == {torch.bfloat16: tokens * budget._selective_elems_per_token_layer(shape) * 2,
-                                      torch.float32: tokens * shape.heads * 4}
+                                      torch.float32: tokens * shape.heads * 4,
+                                      torch.uint64: VARLEN_RNG_STATE_BYTES}

@@ -5,10 +5,12 @@
 
 writes ``DIR/elementwise_kernels/<tag>/`` (``params.yaml``, ``env.json``, ``metrics.json``). For each op of ``ops`` at
 the ``model``'s widths and ``tokens`` tokens in bf16 (``rmsnorm``: [tokens, hidden] and its weight; ``rotary``: the
-queries and keys of one layer with their cos / sin; ``swiglu``: gate and up, [tokens, intermediate]) and each arm of
-``arms``: forward + backward (``torch.autograd.grad`` with a fixed random output gradient), the median of ``repeats``
-timed calls after two warm-ups, and against eager on the same inputs: whether every output and input gradient is
-bit-identical, else the largest |difference| over the largest |eager value| per tensor. The equal-or-better-exactness
+queries and keys of one layer, [1, heads, tokens, head_dim] views of [1, tokens, heads, head_dim] as Qwen3's attention
+hands them over, with Qwen3's own cos / sin; ``swiglu``: gate and up, [tokens, intermediate]) and each arm of
+``arms``: forward + backward (``torch.autograd.grad`` with a fixed random output gradient, a fresh copy each call),
+the median of ``repeats`` timed calls after two warm-ups, and against eager on the same inputs: whether every output
+and input gradient is bit-identical, else the largest |difference| over the largest |eager value| per tensor (a
+normwise measure: 2^-8 is one bf16 step at the tensor's largest magnitude). The equal-or-better-exactness
 rule of issue 42 is read off that column: the compiled rotary and SwiGLU claim bit identity, the compiled RMSNorm a
 tolerance (docs/patches.md); liger's kernels claim neither.
 
@@ -73,11 +75,22 @@ def make_inputs(op: str, cfg: Config, device) -> tuple[list, list]:
     if op == "rmsnorm":
         return [rand(cfg.tokens, c.hidden_size), 1 + 0.1 * rand(c.hidden_size)], [c.rms_norm_eps]
     if op == "rotary":
-        angles = torch.randn(1, cfg.tokens, c.head_dim, generator=gen)
-        cos, sin = (f(angles).to(device, torch.bfloat16) for f in (torch.cos, torch.sin))
-        return [rand(1, c.num_attention_heads, cfg.tokens, c.head_dim),
-                rand(1, c.num_key_value_heads, cfg.tokens, c.head_dim)], [cos, sin]
+        return [rand(1, cfg.tokens, heads, c.head_dim).transpose(1, 2)
+                for heads in (c.num_attention_heads, c.num_key_value_heads)], rotary_cos_sin(cfg, device)
     return [rand(cfg.tokens, c.intermediate_size), rand(cfg.tokens, c.intermediate_size)], []
+
+
+def rotary_cos_sin(cfg: Config, device) -> list:
+    """cos and sin as Qwen3's own rotary embedding gives them (transformers' ``Qwen3RotaryEmbedding``, bf16) for one
+    sequence of ``tokens`` positions: each is ``cat(freqs, freqs)``, its two halves equal, which liger's rope kernel
+    relies on (it reads the first half only). Random angles would break that and liger with it (session 30's run)."""
+    import torch
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    c = models.preset_config(cfg.model)
+    like = torch.empty(1, cfg.tokens, c.head_dim, dtype=torch.bfloat16)
+    cos, sin = Qwen3RotaryEmbedding(c)(like, torch.arange(cfg.tokens)[None])
+    return [cos.to(device), sin.to(device)]
 
 
 def arm_function(op: str, arm: str, device):
@@ -103,7 +116,10 @@ def arm_function(op: str, arm: str, device):
 
 
 def forward_backward(fn, grad_inputs: list, others: list, out_grads: list | None, seed: int):
-    """Outputs and input gradients of one forward + backward; ``out_grads`` None: drawn once from ``seed``."""
+    """Outputs and input gradients of one forward + backward; ``out_grads`` None: drawn once from ``seed``. Each call
+    hands autograd its own copy of the output gradients: liger's RMSNorm (in place, as its Qwen3 patch sets it) writes
+    its input gradient into the output gradient's memory, which with one shared tensor corrupted the later calls and
+    the gradient compared (session 30's run)."""
     import torch
 
     leaves = [t.detach().clone().requires_grad_(True) for t in grad_inputs]
@@ -112,7 +128,7 @@ def forward_backward(fn, grad_inputs: list, others: list, out_grads: list | None
     if out_grads is None:
         gen = torch.Generator().manual_seed(seed + 1)
         out_grads = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
-    grads = torch.autograd.grad(outs, leaves, out_grads)
+    grads = torch.autograd.grad(outs, leaves, [g.clone() for g in out_grads])
     return [o.detach() for o in outs], list(grads), out_grads
 
 
