@@ -1474,6 +1474,28 @@ CLAIMS += [  # docs/lab-notes.md: session 30, the arc's arm 1
 ]
 
 
+FUSED_SWIGLU_TEST = ("tests/test_compiled_patches.py::"
+                     "test_the_patched_swiglu_runs_eagers_backward_kernels_on_eagers_operands")
+
+
+def _fused_swiglu_not_on_a_gpu() -> bool:
+    """No committed GPU log names the fused SwiGLU's test, and every committed elementwise_kernels run predates it."""
+    logs = [f for f in (REPO_ROOT / "outputs").rglob("*.log") if FUSED_SWIGLU_TEST.split("::")[1] in f.read_text(errors="replace")]
+    runs = [_json(str(f.relative_to(REPO_ROOT)))["git_sha"] for f in (REPO_ROOT / "outputs/elementwise_kernels").glob("*/env.json")]
+    return not logs and runs == ["e852499bd12c5628d9ef1d8a8c666e5110ccc26c"]
+
+
+CLAIMS += [  # the patched SwiGLU's eager backward (after session 30's kernels run)
+    ("docs/patches.md", "So SwiGLU's backward no longer runs Inductor's fused kernel: it runs the ATen kernels eager's "
+                        "autograd runs, on the same operands", _by_test("eager's autograd runs", FUSED_SWIGLU_TEST)),
+    ("docs/patches.md", "bit-identical by construction", _by_test("bit-identical by construction", FUSED_SWIGLU_TEST)),
+    ("docs/patches.md", "This form has not run on a GPU, and its speed is not measured",
+     _says("has not run on a GPU", _fused_swiglu_not_on_a_gpu)),
+    (L, "Since then the patched SwiGLU's backward runs eager's own kernels", _by_test("eager's own kernels", FUSED_SWIGLU_TEST)),
+    (L, "not run on a GPU yet", _says("not run on a GPU yet", _fused_swiglu_not_on_a_gpu)),
+]
+
+
 NOT_RESULTS = [
     ("README.md", "Packages in layers, each importing only those below it", "the house's rule, which tests/test_architecture.py "
                                                                         "enforces"),

@@ -98,7 +98,43 @@ def test_the_compiled_swiglu_keeps_gate_and_up_for_backward_and_eager_silu_gate_
         return shapes
 
     assert saved(compiled_pointwise.swiglu) == [(8, 24)] * 3
-    assert saved(compiled_pointwise.compiled_swiglu) == [(8, 24)] * 2
+    assert saved(compiled_pointwise.fused_swiglu) == [(8, 24)] * 2
+
+
+def test_the_patched_swiglu_runs_eagers_backward_kernels_on_eagers_operands():
+    """Backward, the patched SwiGLU dispatches the ATen kernels eager's autograd does (silu to recompute silu(gate),
+    the two products, silu_backward), not a fused kernel of Inductor's, which rounded input gradients otherwise on an
+    H100 (session 30); its gradients are eager's bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not CPU_KEEPS_ROUNDINGS:
+        pytest.skip("this torch's CPU Inductor is refused by compiled_pointwise (its forward's first-call check)")
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    generator = torch.Generator().manual_seed(0)
+    gate, up, grad = (torch.randn(16, 40, generator=generator).bfloat16() for _ in range(3))
+
+    def grads(fn, mode=None):
+        leaves = [t.clone().requires_grad_() for t in (gate, up)]
+        out = fn(*leaves)
+        if mode is None:
+            return torch.autograd.grad(out, leaves, grad)
+        with mode:
+            return torch.autograd.grad(out, leaves, grad)
+
+    backward = Dispatched()
+    fused = grads(compiled_pointwise.fused_swiglu, backward)
+    assert sorted(op for op in backward.ops if op in ("silu", "mul", "silu_backward")) == ["mul", "mul", "silu",
+                                                                                             "silu_backward"]
+    assert all(torch.equal(a, b) for a, b in zip(grads(compiled_pointwise.swiglu), fused))
 
 
 def test_an_mlp_of_another_activation_keeps_the_eager_forward():

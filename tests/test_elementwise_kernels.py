@@ -32,7 +32,7 @@ def test_the_compiled_swiglu_is_held_against_eager(tmp_path):
 
     from rlkit.patches.kernels import compiled_pointwise
 
-    assert E.arm_function("swiglu", "compiled", torch.device("cpu")) is compiled_pointwise.compiled_swiglu
+    assert E.arm_function("swiglu", "compiled", torch.device("cpu")) is compiled_pointwise.fused_swiglu
     rows = _run(tmp_path, "ops=[swiglu]", "arms=[compiled]")["ops"]["swiglu"]
     compiled = rows["compiled"]
     assert compiled["ran"] and compiled["outputs"]["bit_identical"] and compiled["input_grads"]["bit_identical"]

@@ -101,7 +101,7 @@ def arm_function(op: str, arm: str, device):
 
     if arm != "liger":
         own = {"rmsnorm": (cr.rms_norm, cr.compiled_rms_norm), "rotary": (cp.rotary, cp.compiled_rotary),
-               "swiglu": (cp.swiglu, cp.compiled_swiglu)}[op]
+               "swiglu": (cp.swiglu, cp.fused_swiglu)}[op]
         return own[arm == "compiled"]
     if device.type != "cuda":
         return "liger-kernel's Triton kernels need a CUDA device"

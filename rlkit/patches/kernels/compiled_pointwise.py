@@ -9,7 +9,9 @@ and the keys (a multiply, two slices, a negation, a concatenation, a multiply an
 
 What it does. transformers' ``apply_rotary_pos_emb`` (the module-level function ``Qwen3Attention.forward`` calls)
 becomes :func:`rotary` and ``Qwen3MLP.forward`` becomes ``down_proj(swiglu(gate_proj(x), up_proj(x)))``, both
-compiled by :func:`rlkit.patches.kernels._compile.like_eager` (one fused kernel each way on a GPU). The GEMMs stay eager.
+compiled by :func:`rlkit.patches.kernels._compile.like_eager` (one fused kernel each way on a GPU), except SwiGLU's
+backward, which runs eager's own kernels (:class:`_SwiGLU`: Inductor's fused one rounded otherwise on an H100). The
+GEMMs stay eager.
 
 Numerics: no reductions, and ``emulate_precision_casts`` keeps every rounding to bf16 that eager does between the
 fused ops, so the same elementwise arithmetic runs in the same order. On the CPU with torch 2.13 (Inductor's C++
@@ -61,6 +63,33 @@ compiled_rotary = like_eager(rotary, patch="compiled_pointwise", field="pointwis
 compiled_swiglu = like_eager(swiglu, patch="compiled_pointwise", field="pointwise", bit_exact=True)
 
 
+class _SwiGLU(torch.autograd.Function):
+    """The SwiGLU product: :func:`compiled_swiglu` forward, eager's own kernels backward.
+
+    Inductor's fused backward of the product gave input gradients up to 2.3e-04 of the largest away from eager's on an
+    H100 at 24,576 tokens (session 30, ``outputs/elementwise_kernels/h100.session30/``) while its forward was eager's
+    bit for bit. So the backward runs the ATen kernels eager's autograd runs, on the same operands: MulBackward's
+    ``grad * up`` and ``grad * silu(gate)``, then ``silu_backward`` of the first. silu(gate) is recomputed by eager's
+    kernel (the bits eager's forward kept), so the layer keeps gate and up only, as the planner counts."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return compiled_swiglu(gate, up)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
+        grad_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
+        return grad_gate, grad_up
+
+
+def fused_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """What the patched ``Qwen3MLP`` computes between its projections (:class:`_SwiGLU`)."""
+    return _SwiGLU.apply(gate, up)
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' ``apply_rotary_pos_emb`` through :func:`compiled_rotary`."""
     CALLS["rotary"] += 1
@@ -73,12 +102,12 @@ def _is_silu(act_fn) -> bool:
 
 def make_mlp_forward(original):
     def forward(self, x):
-        """``Qwen3MLP.forward`` with the SwiGLU product through :func:`compiled_swiglu` (SiLU models only)."""
+        """``Qwen3MLP.forward`` with the SwiGLU product through :func:`fused_swiglu` (SiLU models only)."""
         if not _is_silu(self.act_fn):
             CALLS["eager_mlp"] += 1
             return original(self, x)
         CALLS["swiglu"] += 1
-        return self.down_proj(compiled_swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
 
     forward.__rlkit_patch__ = "compiled_pointwise"
     return forward
