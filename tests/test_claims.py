@@ -1399,19 +1399,26 @@ ARC1_S30, ARC5_S21, ARM1_S19 = ("h200-seed-1-fixes-hostadamw.session30", "h200-s
                                 "h200-seed-1-fixes-hostadamw.session19")
 
 
-def _phase_ratios(run: str) -> dict[str, float]:
+def _phase_check(run: str) -> dict[str, dict]:
     from rlkit.experiments.estimates import planner_phase_check
 
-    return {phase: e["ratio"] for phase, e in planner_phase_check(_arm(run)).items() if e["ratio"] is not None}
+    return planner_phase_check(_arm(run))
+
+
+def _phase_ratios(run: str) -> dict[str, float]:
+    return {phase: e["ratio"] for phase, e in _phase_check(run).items() if e["ratio"] is not None}
 
 
 def _gpu_of(run: str) -> str:
-    return _json(f"{ARMS}/{run}/env.json")["gpus"][0]["name"]
+    from rlkit.core.env import gpu_name
+
+    return gpu_name(_json(f"{ARMS}/{run}/env.json"))
 
 
 def _allocator_gap(run: str) -> float:
-    s = _arm(run)["summary"]
-    return s["actor_max_reserved_gib"] - s["actor_max_allocated_gib"]
+    from rlkit.report.arc import allocator_gap_gib
+
+    return allocator_gap_gib(_arm(run)["summary"])
 
 
 def _arc_arm1_words() -> tuple[str, ...]:
@@ -1469,8 +1476,7 @@ CLAIMS += [  # docs/lab-notes.md: session 30, the arc's arm 1
      lambda: (lambda e: (f"is x{(e['measured_gib'] - _allocator_gap(ARC1_S30)) / e['planner_gib']:.2f}",
                          f"gap was {_allocator_gap(ARC5_S21):.2f} GiB",
                          f"update_actor x{_phase_ratios(ARC5_S21)['update_actor']:.2f}"))(
-                             __import__("rlkit.experiments.estimates", fromlist=["x"]).planner_phase_check(
-                                 _arm(ARC1_S30))["update_actor"])),
+                             _phase_check(ARC1_S30)["update_actor"])),
 ]
 
 
@@ -1510,7 +1516,7 @@ def _profiles_predate_the_eager_swiglu_backward() -> bool:
 
 
 def _compiled_swiglu_backward_off_on_an_h100() -> bool:
-    k = _json("outputs/elementwise_kernels/h100.session30/metrics.json")
+    k = S30C._kernels()
     s = k["ops"]["swiglu"]["compiled"]
     return (k["device"].startswith("NVIDIA H100") and k["config"]["tokens"] == 24576 and s["outputs"]["bit_identical"]
             and not s["input_grads"]["bit_identical"])
