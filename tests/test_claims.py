@@ -710,7 +710,7 @@ LAB_NOTES += [
     (L, "old_log_prob's rest named (session 29)",
      _says("(session 29)", lambda: (REPO_ROOT / "tests/test_run_terms.py").exists())),
     (L, "The actor's process holds 1.15 GiB outside torch's allocator, not the planner's 0.5: verl's \"After FSDP\" line "
-        "gives used minus reserved of 1.15 GiB in all 24 one-GPU runs of notebooks 05 and 06, both models",
+        "gives used minus reserved of 1.15 GiB in all 25 one-GPU runs of notebooks 05 and 06, both models",
      lambda: _after_fsdp_words()),
     (L, "its \"Before FSDP\" line reads 0.51 GiB, the actor's CUDA context, as the actor's own sample does",
      lambda: _before_fsdp_words()),

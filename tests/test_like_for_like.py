@@ -207,12 +207,23 @@ def test_each_arm_says_its_net_effect_on_the_step_beside_its_own_phase():
     skip = copy.deepcopy(base)
     skip["summary"].update(old_log_prob_s=0.1, step_s=base["summary"]["step_s"] + 2.0)  # the pass goes, the step grows
     lines = report_arc.net_effect_lines({"h200-seed-1-fixes-hostadamw.session1": base,
-                                         "h200-seed-2-skip-old-logprob.session1": skip})
+                                         "h200-seed-2-skip-old-logprob.session1": skip}, "abc1234")
     own = base["summary"]["old_log_prob_s"]
     step = base["summary"]["step_s"]
-    assert (f"- 2-skip-old-logprob against 1-fixes-hostadamw: old_log_prob {own:.1f} -> 0.1 s ({0.1 - own:+.1f} s); "
+    assert (f"- 2-skip-old-logprob against 1-fixes-hostadamw (like for like: one lease, the same commit (abc1234), "
+            f"profile and settings): old_log_prob {own:.1f} -> 0.1 s ({0.1 - own:+.1f} s); "
             f"the whole step {step:.1f} -> {step + 2:.1f} s (+2.0 s, {2 / step:+.1%}).") in lines
     assert "- 3-pinned against 2-skip-old-logprob: not measured yet at this commit." in lines
+
+
+def test_an_arms_net_effect_from_two_leases_says_not_like_for_like():
+    """The committed arms 1 (session 30) and 2 (session 31) at c6ceef4 ran in two leases: their net-effect line says so."""
+    from rlkit.report import arc as report_arc
+
+    runs = {n: _metrics(n) for n in ("h200-seed-1-fixes-hostadamw.session30", "h200-seed-2-skip-old-logprob.session31")}
+    line = report_arc.net_effect_lines(runs, "c6ceef4")[1]
+    assert line.startswith("- 2-skip-old-logprob against 1-fixes-hostadamw (not like for like: not one lease (the "
+                           "launches span ")
 
 
 def test_an_update_actor_miss_names_the_allocators_reserve_and_the_ratio_without_it():

@@ -141,16 +141,16 @@ OWN_PHASE = {"2-skip-old-logprob": "old_log_prob_s", "3-pinned": "update_actor_s
              "5-master-on-host-cast-once": "update_actor_s"}
 
 
-def net_effect_lines(runs: dict[str, dict]) -> list[str]:
+def net_effect_lines(runs: dict[str, dict], commit: str) -> list[str]:
     """Each arm against the arm before it at the arc's commit (means over each arm's trained runs): what it changes in
-    its own phase, and in the whole step."""
+    its own phase, and in the whole step, with whether the pair (each arm's first run) is like for like."""
     from rlkit.recipes.grpo import ARMS
 
     trained: dict[str, list[dict]] = {}
     for name, m in runs.items():
         arm, variant = split_name(name)
         if not variant and _trained(m):
-            trained.setdefault(arm, []).append(m["summary"])
+            trained.setdefault(arm, []).append(m)
     out = []
     for before, arm in zip(list(ARMS), list(ARMS)[1:]):
         if arm not in OWN_PHASE:
@@ -159,9 +159,10 @@ def net_effect_lines(runs: dict[str, dict]) -> list[str]:
             out.append(f"- {arm} against {before}: not measured yet at this commit.")
             continue
         phase = OWN_PHASE[arm]
-        own = [mean(s[phase] for s in trained[a]) for a in (before, arm)]
-        step = [mean(s["step_s"] for s in trained[a]) for a in (before, arm)]
-        out.append(f"- {arm} against {before}: {phase.removesuffix('_s')} {own[0]:.1f} -> {own[1]:.1f} s "
+        own = [mean(m["summary"][phase] for m in trained[a]) for a in (before, arm)]
+        step = [mean(m["summary"]["step_s"] for m in trained[a]) for a in (before, arm)]
+        basis = pair(trained[arm][0], trained[before][0], commit, commit).basis
+        out.append(f"- {arm} against {before} ({basis}): {phase.removesuffix('_s')} {own[0]:.1f} -> {own[1]:.1f} s "
                    f"({own[1] - own[0]:+.1f} s); the whole step {step[0]:.1f} -> {step[1]:.1f} s ({step[1] - step[0]:+.1f} s, "
                    f"{step[1] / step[0] - 1:+.1%}).")
     return ["Each arm against the one before it, in its own phase and in the whole step (means over each arm's runs "
@@ -176,7 +177,7 @@ def arc_planner_section(root: Path = OUTPUTS_DIR) -> list[str]:
         return ["*05_grpo_qwen3_4b: no committed run of the seed's workload at lr 0 yet.*"]
     return [f"**The arc at commit {commit}** (`outputs/05_grpo_qwen3_4b/<run>/metrics.json`; device peaks from the "
             "launch's 1 Hz samples, each phase placed from the marks of when each step's line arrived, as notebook 06 "
-            "places them):", "", *net_effect_lines(runs), "", *phase_check_lines(runs)]
+            "places them):", "", *net_effect_lines(runs, commit), "", *phase_check_lines(runs)]
 
 
 def allocator_gap_gib(summary: dict) -> float | None:
