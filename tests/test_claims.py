@@ -1479,6 +1479,62 @@ CLAIMS += [  # docs/lab-notes.md: session 30, the arc's arm 1
                              _phase_check(ARC1_S30)["update_actor"])),
 ]
 
+S31 = "outputs/_node/session31/README.md"
+ARC2_S31 = "h200-seed-2-skip-old-logprob.session31"
+
+
+def _arc_arm2_words() -> tuple[str, ...]:
+    from rlkit.verl.logs import training_steps
+
+    m, progress = _arm(ARC2_S31), _source_text("outputs/05_grpo_qwen3_4b/node-progress-session31.txt")
+    start, end = (re.search(rf"(\d\d:\d\d:\d\d) seed-arm2/seed-arm2 {w}", progress).group(1) for w in ("start", "exit 0"))
+    return (f"{start} to {end}", f"trained {len(training_steps(m['steps']))} of {m['recipe']['steps']} steps")
+
+
+def _arm2_net_words() -> tuple[str, ...]:
+    one, two = _arm(ARC1_S30)["summary"], _arm(ARC2_S31)["summary"]
+    return (f"old_log_prob from {one['old_log_prob_s']:.1f} to {two['old_log_prob_s']:.1f} s",
+            f"update_actor went from {one['update_actor_s']:.1f} to {two['update_actor_s']:.1f} s",
+            f"step from {one['step_s']:.1f} to {two['step_s']:.1f} s ({two['step_s'] / one['step_s'] - 1:.1%})",
+            f"gets {one['step_s'] - two['step_s']:.1f} s of the pass's {one['old_log_prob_s'] - two['old_log_prob_s']:.1f} s")
+
+
+def _hold_left_words() -> tuple[str, ...] | bool:
+    held = re.search(r"13:35:22, `nvidia-h100-x1`: an NVIDIA H100 80GB HBM3 came \(`held_s` ([\d.]+)", _source_text(S31))
+    return (f"about {round((1800 - float(held.group(1))) / 60)} minutes",) if held else False
+
+
+CLAIMS += [  # docs/lab-notes.md: session 31, the arc's arm 2
+    (L, "Arm 2 of the arc on one H100 (session 31)",
+     _says("(session 31)", lambda: _json(f"{ARMS}/{ARC2_S31}/env.json")["git_sha"].startswith("c6ceef4")
+           and _gpu_of(ARC2_S31).startswith("NVIDIA H100"))),
+    (L, "Five calls got no machine and three were not asked for",
+     _says("Five calls got no machine and three", lambda: "five answered that none could be started" in _source_text(S31)
+           and "three were not asked for" in _source_text(S31))),
+    (L, "at 13:35 a call naming `nvidia-h100-x1` got an H100", lambda: ("at 13:35",) if "13:35:22, `nvidia-h100-x1`: an "
+     "NVIDIA H100 80GB HBM3 came" in _source_text(S31) else False),
+    (L, "with about 22 minutes of its hold left", _hold_left_words),
+    (L, "13:37:04 to 13:49:06, and trained 4 of 4 steps", _arc_arm2_words),
+    (L, "a step of 89.1 s (gen 44.8 s, old_log_prob 0.1 s, update_actor 43.0 s) and an actor peak of 40.95 GiB",
+     lambda: (lambda s: (f"a step of {s['step_s']:.1f} s", f"gen {s['gen_s']:.1f} s",
+                         f"old_log_prob {s['old_log_prob_s']:.1f} s", f"update_actor {s['update_actor_s']:.1f} s",
+                         f"peak of {s['actor_max_allocated_gib']:.2f} GiB"))(_arm(ARC2_S31)["summary"])),
+    (L, "the skipped pass took old_log_prob from 10.6 to 0.1 s, update_actor went from 42.2 to 43.0 s, and the whole "
+        "step from 98.8 to 89.1 s (-9.8%). So a user gets 9.7 s of the pass's 10.6 s", _arm2_net_words),
+    (L, "the results page calls the pair not like for like; it now says that beside every arm's net effect",
+     _says("not like for like", lambda: "- 2-skip-old-logprob against 1-fixes-hostadamw (not like for like: not one lease"
+           in _source_text("docs/results.md"))),
+    (L, "gen x1.07 and update_weights x1.07 are within its 10%; update_actor is x1.13",
+     lambda: (lambda r: (f"gen x{r['gen']:.2f}", f"update_weights x{r['update_weights']:.2f}",
+                         f"update_actor is x{r['update_actor']:.2f}") if abs(r["gen"] - 1) <= 0.1
+              and abs(r["update_weights"] - 1) <= 0.1 < abs(r["update_actor"] - 1) else False)(_phase_ratios(ARC2_S31))),
+    (L, "where the actor's allocator reserved 5.99 GiB above its peak allocation",
+     lambda: (f"reserved {_allocator_gap(ARC2_S31):.2f} GiB",)),
+    (L, "Without that reserve it is x0.99, as for arm 1",
+     lambda: tuple({f"it is x{(e['measured_gib'] - _allocator_gap(run)) / e['planner_gib']:.2f}"
+                    for run, e in ((r, _phase_check(r)["update_actor"]) for r in (ARC2_S31, ARC1_S30))})),
+]
+
 
 FUSED_SWIGLU_TEST = ("tests/test_compiled_patches.py::"
                      "test_the_patched_swiglu_runs_eagers_backward_kernels_on_eagers_operands")
