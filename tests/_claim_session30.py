@@ -94,15 +94,6 @@ def selective_test_expects_the_rng_state() -> bool:
     return "VARLEN_RNG_STATE_BYTES = 16" in text and "torch.uint64: VARLEN_RNG_STATE_BYTES}" in text
 
 
-def selective_not_rerun() -> bool:
-    """No committed log after session 30's names the selective GPU test."""
-    from rlkit.core.env import REPO_ROOT
-
-    logs = sorted(str(f.relative_to(REPO_ROOT)) for f in (REPO_ROOT / "outputs").rglob("*.log")
-                  if SELECTIVE_GPU_TEST in f.read_text(errors="replace"))
-    return logs == ["outputs/_node/session29/selective-gpu-test.log", S30_SELECTIVE]
-
-
 def prefetch30_passed() -> bool:
     return _passed(S30_PREFETCH) == 2 and _log_passes(S30_PREFETCH, "tests/test_grad_prefetch_gpu.py::"
                                                                     "test_prefetch_on_the_gpu_is_bit_identical")
@@ -142,13 +133,6 @@ def liger_invalid_words() -> tuple[str, ...] | bool:
     return off and fixed
 
 
-def exactness_words() -> tuple[str, ...]:
-    ops = _kernels()["ops"]
-    norm_out = {ops["rmsnorm"][a]["outputs"]["max_rel_diff"] for a in ("compiled", "liger")}
-    swiglu = ops["swiglu"]
-    assert len(norm_out) == 1 and swiglu["liger"]["outputs"]["bit_identical"]
-    return (f"as the compiled ones do ({norm_out.pop():.1e} of the largest)",
-            f"differ by up to {swiglu['liger']['input_grads']['max_rel_diff']:.1e}")
 
 
 def compiled_swiglu_words() -> tuple[str, ...]:
