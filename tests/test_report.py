@@ -426,3 +426,25 @@ def test_the_skips_net_effect_on_the_step_is_beside_its_pass_saving():
     block = report.block("results")
     t = report_notebooks.load_committed("04_skip_old_logprob")["timing"]
     assert report_notebooks.skip_net(t) in block, "the committed skip's net effect is not beside its pass saving"
+
+
+def test_issue_42s_step_target_is_arithmetic_on_each_correct_arm5_seed_run_at_lr_0():
+    """One row per correct arm-5 run of the seed's workload at lr 0 (the stopped session-17 run and the lr 1e-6 run
+    are left out), and each run's words say where its gen would have to go against its HBM bound."""
+    import json
+
+    from rlkit.planning.roofline import step_cut_needs
+    from rlkit.report import limits as report_limits
+
+    lines = report_limits.step_target_section()
+    rows = [x.split(" | ")[0].lstrip("| ") for x in lines if x.startswith("| h200-seed-")]
+    assert rows == ["h200-seed-5-master-on-host-cast-once.session18", "h200-seed-5-master-on-host-cast-once.session21"]
+    for name in rows:
+        m = json.loads((OUTPUTS_DIR / "05_grpo_qwen3_4b" / name / "metrics.json").read_text())
+        limits = report_limits._limits_row(OUTPUTS_DIR, name, m)
+        need = step_cut_needs(m["summary"]["step_s"], limits["update_actor_s"], limits["update_actor_fraction"],
+                              limits["gen_s"], 0.25, 0.40)
+        (words,) = [x for x in lines if x.startswith(f"- {name}:")]
+        side = "below" if need["gen_alone_s"] < limits["gen_hbm_limit_s"] else "above"
+        assert f"gen alone would have to take {need['gen_alone_s']:.1f} s, {side} its HBM bound" in words
+        assert f"at {need['update_alone_mfu']:.0%} MFU" in words

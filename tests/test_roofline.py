@@ -229,3 +229,21 @@ def test_each_vllm_replica_decodes_its_share_of_the_batch():
     one, two = (roofline.gen_hbm_bound({**recipe, "n_gpus": n}, mean, s, "NVIDIA H200", 1.0) for n in (1, 2))
     assert two["kv_bytes"] * 2 == one["kv_bytes"] and two["decode_steps"] == one["decode_steps"] == 63
     assert roofline.gen_hbm_bound(recipe, mean, s, "GTX 1080", 1.0) is None
+
+
+@pytest.mark.parametrize("step, update, mfu, gen", [(84.9, 39.0, 0.24, 44.8), (74.1, 36.1, 0.26, 36.8),
+                                                    (30.0, 25.0, 0.38, 3.0)])
+def test_a_step_cut_given_by_the_update_or_gen_lands_on_the_target_step(step, update, mfu, gen):
+    """Put back into the step, each answer of step_cut_needs gives the target step; the update's FLOPs stay the same
+    (MFU x seconds is constant); a cut longer than the update leaves it no answer."""
+    need = roofline.step_cut_needs(step, update, mfu, gen, 0.25, 0.40)
+    rest = step - update - gen
+    assert need["target_step_s"] == pytest.approx(0.75 * step)
+    assert rest + need["update_alone_s"] + gen == pytest.approx(need["target_step_s"])
+    assert need["update_alone_mfu"] * need["update_alone_s"] == pytest.approx(mfu * update)
+    assert need["update_at_target_s"] * 0.40 == pytest.approx(mfu * update)
+    assert rest + update + need["gen_alone_s"] == pytest.approx(need["target_step_s"])
+    # with the update at the MFU target, gen gives only what the update leaves of the cut
+    at_target = rest + need["update_at_target_s"] + need["gen_then_s"]
+    assert at_target == pytest.approx(min(need["target_step_s"], rest + need["update_at_target_s"] + gen))
+    assert roofline.step_cut_needs(step, 0.2 * step, mfu, gen, 0.25, 0.40)["update_alone_s"] is None

@@ -191,6 +191,26 @@ def throughput_limit(seconds: float | None, tokens: float, ceiling_tok_s: float 
             "fraction": (tokens / ceiling_tok_s) / seconds if seconds else None}
 
 
+def step_cut_needs(step_s: float, update_s: float, update_mfu: float, gen_s: float, cut: float,
+                   mfu_target: float) -> dict[str, Any]:
+    """What shortening a step by ``cut`` (a fraction of ``step_s``) asks of update_actor and gen, each phase's work
+    (FLOPs, bytes) and every other phase unchanged: MFU scales as 1 / seconds at fixed FLOPs.
+
+    ``update_alone_*``: update_actor's seconds and MFU if it alone gave the whole cut (``None`` where the cut is
+    longer than the phase); ``update_at_target_s``: update_actor at ``mfu_target``; ``gen_then_s``: what gen must
+    take for the rest of the cut once update_actor is at ``mfu_target``; ``gen_alone_s``: gen's seconds if it alone
+    gave the cut (negative: impossible)."""
+    need = cut * step_s
+    update_alone_s = update_s - need
+    update_at_target_s = update_s * update_mfu / mfu_target
+    return {"step_s": step_s, "target_step_s": step_s - need, "cut_s": need,
+            "update_alone_s": update_alone_s if update_alone_s > 0 else None,
+            "update_alone_mfu": update_mfu * update_s / update_alone_s if update_alone_s > 0 else None,
+            "update_at_target_s": update_at_target_s,
+            "gen_then_s": gen_s - max(0.0, need - (update_s - update_at_target_s)),
+            "gen_alone_s": gen_s - need}
+
+
 def between_phases(step_s: float | None, phase_s: Iterable[float | None]) -> dict[str, Any]:
     """The step time no named phase accounts for, and its share of the step."""
     known = sum(s for s in phase_s if s)

@@ -23,6 +23,7 @@ STEP_CHANGE_TARGET = -0.30  # the fastest correct arm's step time against arm 5'
 UPDATE_MFU_TARGET = 0.40
 GEN_FRACTION_TARGET = 0.70  # of standalone vLLM's output tokens/s at the same batch and lengths
 BETWEEN_PHASES_TARGET = 0.05  # of the step
+STEP_CUT_TARGET = 0.25  # issue 42: the fastest variant's step at least 25% below arm 5's at the seed's workload
 
 
 def _limits_row(root: Path, name: str, metrics: dict) -> dict:
@@ -130,3 +131,60 @@ def speed_targets_section(root: Path = OUTPUTS_DIR) -> list[str]:
                      f"{pct(gen)}: {_verdict(p['pairing'], gen, GEN_FRACTION_TARGET)} | "
                      f"{pct(between)}: {_verdict(p['pairing'], between, BETWEEN_PHASES_TARGET, below=True)} |")
     return lines + ["", *(f"{p['shape']}: {p['pairing'].basis}." for p in pairs)]
+
+
+def _arm5_seed_runs(root: Path) -> list[tuple[str, str, dict]]:
+    """(name, commit, metrics) of every correct arm-5 run of the seed's workload at lr 0, reruns included."""
+    arms, commits = committed_arms(root, prefix=SEED_PREFIX, reruns=True)
+    base = SEED_PREFIX + BASE_ARM
+    return [(n, commits[n], m) for n, m in arms.items()
+            if (n == base or n.startswith(base + ".session")) and m["recipe"]["lr"] == 0 and _correct(m)]
+
+
+def step_target_section(root: Path = OUTPUTS_DIR) -> list[str]:
+    """Issue 42's step target as arithmetic on each correct arm-5 run of the seed's workload: what update_actor's MFU
+    and gen's seconds must become for a step 25% shorter (rlkit.planning.roofline.step_cut_needs)."""
+    from rlkit.planning.roofline import step_cut_needs
+
+    runs = _arm5_seed_runs(root)
+    if not runs:
+        return ["*No correct arm-5 run of the seed's workload at lr 0 committed yet.*"]
+    header = ("| run | commit | GPU | step s -> target | update_actor s (MFU) | update_actor alone: s (MFU) | "
+              f"update_actor at {UPDATE_MFU_TARGET:.0%} MFU: s | gen s (of standalone vLLM) | gen then: s | "
+              "gen's HBM bound s |")
+    lines = [f"**What issue 42's step target asks of arm 5** (a step {STEP_CUT_TARGET:.0%} shorter; each correct "
+             "arm-5 run of the seed's workload at lr 0, means over steps 2..; each phase's FLOPs and bytes as the run "
+             "did them, every other phase unchanged; `update_actor alone`: the phase giving the whole cut; `gen then`: "
+             f"what gen must take once update_actor runs at {UPDATE_MFU_TARGET:.0%} MFU; "
+             "`rlkit.planning.roofline.step_cut_needs`; `outputs/05_grpo_qwen3_4b/<run>/metrics.json`):", "", header,
+             "|" + "---|" * (header.count("|") - 1)]
+    verdicts = []
+    for name, commit, m in runs:
+        row = _limits_row(root, name, m)
+        need = step_cut_needs(m["summary"]["step_s"], row["update_actor_s"], row["update_actor_fraction"],
+                              row["gen_s"], STEP_CUT_TARGET, UPDATE_MFU_TARGET)
+        lines.append(f"| {name} | {commit} | {short_gpu(row['gpu'])} | {need['step_s']:.1f} -> {need['target_step_s']:.1f} | "
+                     f"{row['update_actor_s']:.1f} ({pct(row['update_actor_fraction'])}) | "
+                     f"{fmt(need['update_alone_s'])} ({pct(need['update_alone_mfu'])}) | "
+                     f"{need['update_at_target_s']:.1f} | {row['gen_s']:.1f} ({pct(row.get('gen_fraction'))}) | "
+                     f"{need['gen_then_s']:.1f} | {fmt(row['gen_hbm_limit_s'])} |")
+        verdicts.append(_step_target_verdict(name, row, need))
+    return lines + ["", *verdicts]
+
+
+def _against_bound(seconds: float, bound: float | None) -> str:
+    if bound is None:
+        return ""
+    return f", {'above' if seconds >= bound else 'below'} its HBM bound of {bound:.1f} s"
+
+
+def _step_target_verdict(name: str, row: dict, need: dict) -> str:
+    """One run's arithmetic in words: what update_actor alone, and gen beside a 40%-MFU update, would have to reach."""
+    mfu, bound, ceiling = need["update_alone_mfu"], row["gen_hbm_limit_s"], row.get("gen_fraction")
+    update = (f"update_actor alone would have to run at {pct(mfu)} MFU" if mfu is not None
+              else "update_actor alone cannot give it (the cut is longer than the phase)")
+    speed = (f", {ceiling * row['gen_s'] / need['gen_then_s']:.0%} of a standalone vLLM's speed"
+             if ceiling is not None else "")
+    return (f"- {name}: {update}. With update_actor at {UPDATE_MFU_TARGET:.0%} MFU, gen would still have to fall from "
+            f"{row['gen_s']:.1f} to {need['gen_then_s']:.1f} s{speed}{_against_bound(need['gen_then_s'], bound)}. "
+            f"gen alone would have to take {need['gen_alone_s']:.1f} s{_against_bound(need['gen_alone_s'], bound)}.")

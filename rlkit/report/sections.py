@@ -25,7 +25,7 @@ from rlkit.report.arc import (
     planner_cell,
     seed_arc_table,
 )
-from rlkit.report.limits import limits_section, speed_targets_section
+from rlkit.report.limits import limits_section, speed_targets_section, step_target_section
 from rlkit.report.notebooks import SECTIONS, committed_arms, determinism_section, learning_section, load_committed
 from rlkit.report.profile import update_profile_section
 from rlkit.report.seed_workload import seed_workload_section
@@ -197,9 +197,9 @@ def results_section(root: Path = OUTPUTS_DIR) -> list[str]:
 
 # Each generated block: its name (the markers' word) and what makes its lines; and where each block goes.
 BLOCKS = {"arc": seed_arc_table, "arcplanner": arc_planner_section, "standin": standin_table, "results": results_section, "seed": seed_workload_section, "limits": limits_section,
-          "targets": speed_targets_section, "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
+          "targets": speed_targets_section, "steptarget": step_target_section, "profile": update_profile_section, "determinism": determinism_section, "reruns": reruns_section,
           "learning": learning_section}
-DOCS = {"README.md": ("arc",), "docs/results.md": ("standin", "results", "seed", "arcplanner", "limits", "targets", "profile", "determinism", "learning"),
+DOCS = {"README.md": ("arc",), "docs/results.md": ("standin", "results", "seed", "arcplanner", "limits", "targets", "steptarget", "profile", "determinism", "learning"),
         "docs/lab-notes.md": ("reruns",)}
 
 
