@@ -1419,13 +1419,20 @@ def _allocator_gap(run: str) -> float:
     return allocator_gap_gib(_arm(run)["summary"])
 
 
-def _arc_arm1_words() -> tuple[str, ...]:
+def _arc_arm_words(run: str, session: int, job: str) -> tuple[str, ...]:
+    """An arc arm's node window (its driver's progress file) and its trained steps out of those asked for."""
     from rlkit.verl.logs import training_steps
 
-    m, progress = _arm(ARC1_S30), _source_text("outputs/05_grpo_qwen3_4b/node-progress-session30.txt")
-    start, end = (re.search(rf"(\d\d:\d\d:\d\d) seed-arm1/seed-arm1 {w}", progress).group(1) for w in ("start", "exit 0"))
-    steps = len(training_steps(m["steps"]))
-    return (f"{start} to {end}", f"trained {steps} of {m['recipe']['steps']} steps")
+    m, progress = _arm(run), _source_text(f"outputs/05_grpo_qwen3_4b/node-progress-session{session}.txt")
+    start, end = (re.search(rf"(\d\d:\d\d:\d\d) {job}/{job} {w}", progress).group(1) for w in ("start", "exit 0"))
+    return (f"{start} to {end}", f"trained {len(training_steps(m['steps']))} of {m['recipe']['steps']} steps")
+
+
+def _arm_phase_words(run: str) -> tuple[str, ...]:
+    """An arm's step, its three phases and its actor peak, as the lab notes word them."""
+    s = _arm(run)["summary"]
+    return (f"a step of {s['step_s']:.1f} s", f"gen {s['gen_s']:.1f} s", f"old_log_prob {s['old_log_prob_s']:.1f} s",
+            f"update_actor {s['update_actor_s']:.1f} s", f"peak of {s['actor_max_allocated_gib']:.2f} GiB")
 
 
 def _arc_pair_words() -> tuple[str, ...]:
@@ -1447,11 +1454,9 @@ CLAIMS += [  # docs/lab-notes.md: session 30, the arc's arm 1
     (L, "A call asking for an H200 got an H100 at 10:20",
      lambda: ("got an H100 at 10:20",) if "10:20:20, `nvidia-h200`: an NVIDIA H100 80GB HBM3 came" in _source_text(S30)
      and _gpu_of(ARC1_S30).startswith("NVIDIA H100") else False),
-    (L, "10:22:00 to 10:34:03, and trained 4 of 4 steps", _arc_arm1_words),
+    (L, "10:22:00 to 10:34:03, and trained 4 of 4 steps", lambda: _arc_arm_words(ARC1_S30, 30, "seed-arm1")),
     (L, "a step of 98.8 s (gen 44.8 s, old_log_prob 10.6 s, update_actor 42.2 s) and an actor peak of 40.97 GiB",
-     lambda: (lambda s: (f"a step of {s['step_s']:.1f} s", f"gen {s['gen_s']:.1f} s",
-                         f"old_log_prob {s['old_log_prob_s']:.1f} s", f"update_actor {s['update_actor_s']:.1f} s",
-                         f"peak of {s['actor_max_allocated_gib']:.2f} GiB"))(_arm(ARC1_S30)["summary"])),
+     lambda: _arm_phase_words(ARC1_S30)),
     (L, "took 84.9 s and peaked at 32.30 GiB: 14.0% shorter and 8.67 GiB lower", _arc_pair_words),
     (L, "the README's arc sentence calls the pair not like for like and judges neither of the seed's targets",
      _says("not like for like and judges neither", _arc_sentence_unlike)),
@@ -1481,14 +1486,6 @@ S31 = "outputs/_node/session31/README.md"
 ARC2_S31 = "h200-seed-2-skip-old-logprob.session31"
 
 
-def _arc_arm2_words() -> tuple[str, ...]:
-    from rlkit.verl.logs import training_steps
-
-    m, progress = _arm(ARC2_S31), _source_text("outputs/05_grpo_qwen3_4b/node-progress-session31.txt")
-    start, end = (re.search(rf"(\d\d:\d\d:\d\d) seed-arm2/seed-arm2 {w}", progress).group(1) for w in ("start", "exit 0"))
-    return (f"{start} to {end}", f"trained {len(training_steps(m['steps']))} of {m['recipe']['steps']} steps")
-
-
 def _arm2_net_words() -> tuple[str, ...]:
     one, two = _arm(ARC1_S30)["summary"], _arm(ARC2_S31)["summary"]
     return (f"old_log_prob from {one['old_log_prob_s']:.1f} to {two['old_log_prob_s']:.1f} s",
@@ -1512,11 +1509,9 @@ CLAIMS += [  # docs/lab-notes.md: session 31, the arc's arm 2
     (L, "at 13:35 a call naming `nvidia-h100-x1` got an H100", lambda: ("at 13:35",) if "13:35:22, `nvidia-h100-x1`: an "
      "NVIDIA H100 80GB HBM3 came" in _source_text(S31) else False),
     (L, "with about 22 minutes of its hold left", _hold_left_words),
-    (L, "13:37:04 to 13:49:06, and trained 4 of 4 steps", _arc_arm2_words),
+    (L, "13:37:04 to 13:49:06, and trained 4 of 4 steps", lambda: _arc_arm_words(ARC2_S31, 31, "seed-arm2")),
     (L, "a step of 89.1 s (gen 44.8 s, old_log_prob 0.1 s, update_actor 43.0 s) and an actor peak of 40.95 GiB",
-     lambda: (lambda s: (f"a step of {s['step_s']:.1f} s", f"gen {s['gen_s']:.1f} s",
-                         f"old_log_prob {s['old_log_prob_s']:.1f} s", f"update_actor {s['update_actor_s']:.1f} s",
-                         f"peak of {s['actor_max_allocated_gib']:.2f} GiB"))(_arm(ARC2_S31)["summary"])),
+     lambda: _arm_phase_words(ARC2_S31)),
     (L, "the skipped pass took old_log_prob from 10.6 to 0.1 s, update_actor went from 42.2 to 43.0 s, and the whole "
         "step from 98.8 to 89.1 s (-9.8%). So a user gets 9.7 s of the pass's 10.6 s", _arm2_net_words),
     (L, "the results page calls the pair not like for like; it now says that beside every arm's net effect",

@@ -81,6 +81,11 @@ def _correct(metrics: dict) -> bool:
     return outcome(metrics) == "trained" and bool((metrics.get("sanity") or {}).get("passed"))
 
 
+def _correct_base_runs(arms: dict[str, dict], base: str) -> list[str]:
+    """The correct runs of arm 5 itself (folder ``base`` or its reruns ``base.session<N>``), not of its variants."""
+    return [n for n, m in arms.items() if (n == base or n.startswith(base + ".session")) and _correct(m)]
+
+
 def fastest_pairs(root: Path = OUTPUTS_DIR) -> list[dict]:
     """Per shape (profile prefix), the fastest correct variant of arm 5 (``<prefix>5-...-<variant>``) and the arm-5
     run of the same commit it beats, with both step times (means over steps 2..) and the variant's phases against their
@@ -89,8 +94,7 @@ def fastest_pairs(root: Path = OUTPUTS_DIR) -> list[dict]:
     for prefix in (ONE_GPU_PREFIX, SEED_PREFIX):
         arms, commits = committed_arms(root, prefix=prefix, reruns=True)
         base = prefix + BASE_ARM
-        bases = {commits[n]: n for n, m in arms.items()
-                 if (n == base or n.startswith(base + ".session")) and _correct(m)}
+        bases = {commits[n]: n for n in _correct_base_runs(arms, base)}
         found = [(arms[n]["summary"]["step_s"], n, bases[commits[n]]) for n, m in arms.items()
                  if n.startswith(base + "-") and commits[n] in bases and _correct(m)]
         if found:
@@ -136,9 +140,8 @@ def speed_targets_section(root: Path = OUTPUTS_DIR) -> list[str]:
 def _arm5_seed_runs(root: Path) -> list[tuple[str, str, dict]]:
     """(name, commit, metrics) of every correct arm-5 run of the seed's workload at lr 0, reruns included."""
     arms, commits = committed_arms(root, prefix=SEED_PREFIX, reruns=True)
-    base = SEED_PREFIX + BASE_ARM
-    return [(n, commits[n], m) for n, m in arms.items()
-            if (n == base or n.startswith(base + ".session")) and m["recipe"]["lr"] == 0 and _correct(m)]
+    return [(n, commits[n], arms[n]) for n in _correct_base_runs(arms, SEED_PREFIX + BASE_ARM)
+            if arms[n]["recipe"]["lr"] == 0]
 
 
 def step_target_section(root: Path = OUTPUTS_DIR) -> list[str]:
