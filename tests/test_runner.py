@@ -224,3 +224,43 @@ def test_saved_copies_drop_widget_views_and_keep_the_other_representations(tmp_p
     assert set(first) == {"application/vnd.plotly.v1+json", "image/png", "text/plain"} and "widgets" not in saved.metadata
     assert set(second) == {"text/plain"} and "run the notebook" in second["text/plain"]
     nbformat.validate(saved)
+
+
+def test_what_the_kernel_prints_outside_its_cells_goes_to_its_log(notebook, tmp_path, monkeypatch, capfd):
+    """The kernel process's own output (here ipykernel's warning about an unencrypted transport, forced by
+    reporting no CurveZMQ) lands in the run's kernel.log, not on the console; a cell's output stays in the notebook."""
+    import zmq
+
+    from rlkit.core import results
+
+    path, profile = notebook
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    has = zmq.has
+    monkeypatch.setattr(zmq, "has", lambda feature: False if feature == "curve" else has(feature))
+    assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert "without encryption" not in out + err
+    log = tmp_path / "outputs" / "demo" / "demo.tiny" / R.KERNEL_LOG
+    assert "Kernel is running over TCP without encryption" in log.read_text()
+
+
+def test_a_quiet_kernel_leaves_no_log(notebook, tmp_path, monkeypatch):
+    from rlkit.core import results
+
+    path, profile = notebook
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
+    assert not (tmp_path / "outputs" / "demo" / "demo.tiny" / R.KERNEL_LOG).exists()
+
+
+def test_a_dead_kernels_last_words_are_in_the_error(tmp_path, monkeypatch):
+    """A cell that writes to the kernel process's file descriptor 2 (not to ``sys.stderr``, which ipykernel sends to
+    the notebook) and kills the kernel: the failure names what it printed, and the failed folder keeps kernel.log."""
+    from rlkit.core import results
+
+    body = "import os\nos.write(2, b'the reason it died\\n')\nos._exit(1)\n"
+    path = _write_notebook(tmp_path / "nbs" / "demo.ipynb", body)
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    result = R.run_one(path, {"x": 1, "label": "a"}, "t", progress=False)
+    assert not result.ok and "the kernel printed (kernel.log): the reason it died" in result.error, result.error
+    assert "the reason it died" in (result.folder / R.KERNEL_LOG).read_text()

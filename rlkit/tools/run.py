@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rlkit.core.params import ParamError, check_keys
 from rlkit.core.results import NBS_DIR, ProfileError, ResultsFolder, load_profile, parse_overrides
@@ -93,14 +93,19 @@ def grid_tag(base: str, point: dict[str, Any]) -> str:
 # "Debugger warning: It seems that frozen modules are being used" at kernel start when the kernelspec lacks
 # -Xfrozen_modules=off (a kernelspec not made by `make setup`); only the debugger's breakpoints care.
 KERNEL_ENV = {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+# Where the kernel process's own output goes, in the run's folder (execute).
+KERNEL_LOG = "kernel.log"
 
 
-def kernel_manager_class():
-    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's own, asked to encrypt
-    the kernel's sockets with CurveZMQ (``transport_encryption="auto"``: when pyzmq has CurveZMQ and the
-    kernelspec declares it, as ipykernel 7 does). Otherwise ipykernel prints "Kernel is running over TCP
-    without encryption ..." at every start, once per notebook; where encryption is unavailable that warning
-    still shows, as it should."""
+def kernel_manager_class(kernel_log: IO[bytes]):
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's own, with two changes.
+
+    - The kernel process's own stdout and stderr go to ``kernel_log``, not to the terminal. A cell's output still
+      reaches the notebook (ipykernel forwards it over IOPub). What the kernel prints outside a cell goes to the
+      log: its start-up warnings, and a traceback pyzmq can log while the kernel closes its sockets.
+    - The kernel's sockets are encrypted with CurveZMQ (``transport_encryption="auto"``) where pyzmq has CurveZMQ
+      and the kernelspec declares it, as ipykernel 7 does. Otherwise ipykernel warns "Kernel is running over TCP
+      without encryption ..." at every start, and that warning goes to the log."""
     import zmq
     from jupyter_client import AsyncKernelManager
     from traitlets import default
@@ -110,6 +115,10 @@ def kernel_manager_class():
         def _default_transport_encryption(self) -> str:
             return "auto" if zmq.has("curve") else "disabled"
 
+        async def start_kernel(self, **kw: Any) -> None:
+            # start_kernel passes Popen's keywords on to the launch (jupyter_client's documented **kw)
+            await super().start_kernel(**{"stdout": kernel_log, "stderr": kernel_log, **kw})
+
     return RlkitKernelManager
 
 
@@ -118,25 +127,30 @@ def execute(path: Path, output: Path, parameters: dict[str, Any], out_dir: str |
     """papermill-execute ``path`` into ``output`` with ``RLKIT_OUT_DIR`` (where the notebook writes
     metrics.json and figures) and :data:`KERNEL_ENV` set for the kernel, and restored afterwards.
     ``cell_timeout_s``: a cell (or the kernel's reply to it) taking longer fails the run instead of waiting
-    forever."""
+    forever. What the kernel process prints outside its cells is kept in ``out_dir/kernel.log`` when there
+    is any (:func:`kernel_manager_class`)."""
     import papermill
 
     env = {**{k: os.environ.get(k, v) for k, v in KERNEL_ENV.items()}, "RLKIT_OUT_DIR": str(out_dir)}
     before = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    kernel_log = Path(out_dir) / KERNEL_LOG
     try:
-        papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
-                                   cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s,
-                                   kernel_manager_class=kernel_manager_class(),
-                                   # widget state holds each FigureWidget's JavaScript (MBs per figure); the saved copy
-                                   # shows the PNG that rlkit.viz.static puts beside every figure instead
-                                   store_widget_state=False)
+        with kernel_log.open("ab") as log:
+            papermill.execute_notebook(str(path), str(output), parameters=parameters, progress_bar=progress,
+                                       cwd=str(path.parent), kernel_name="python3", execution_timeout=cell_timeout_s,
+                                       kernel_manager_class=kernel_manager_class(log),
+                                       # widget state holds each FigureWidget's JavaScript (MBs per figure); the saved
+                                       # copy shows the PNG that rlkit.viz.static puts beside every figure instead
+                                       store_widget_state=False)
     finally:
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if kernel_log.exists() and not kernel_log.stat().st_size:
+            kernel_log.unlink()
     if output.exists():
         drop_widget_views(output)
 
@@ -182,7 +196,7 @@ def run_one(path: Path, values: dict[str, Any], tag: str, *, progress: bool = Tr
             folder.record_processes(metrics)
     except Exception as err:  # papermill's execution error carries the failing cell
         return RunResult(path.stem, tag, False, time.perf_counter() - start, folder.failed,
-                         error=_short(err))
+                         error=_short(err) + _kernel_said(folder.failed / KERNEL_LOG))
     return RunResult(path.stem, tag, True, time.perf_counter() - start, folder.path, metrics=metrics)
 
 
@@ -210,7 +224,8 @@ def render(path: Path, values: dict[str, Any], results_dir: Path, *, progress: b
             execute(path, partial, {**values, "results_dir": str(results_dir)}, scratch, progress=progress)
         except Exception as err:
             partial.unlink(missing_ok=True)
-            return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir, error=_short(err))
+            return RunResult(path.stem, results_dir.name, False, time.perf_counter() - start, results_dir,
+                             error=_short(err) + _kernel_said(Path(scratch) / KERNEL_LOG))
     partial.replace(target)
     return RunResult(path.stem, results_dir.name, True, time.perf_counter() - start, results_dir,
                      warning=_images_missing(target))
@@ -247,6 +262,14 @@ def saved_parameters(path: Path, values: dict[str, Any], results_dir: Path, *, p
 def _short(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: " + (" | ".join(line for line in text[-6:] if line.strip()))[:600]
+
+
+def _kernel_said(kernel_log: Path) -> str:
+    """For a failed run: the last lines the kernel process printed outside its cells (a dead kernel's reason)."""
+    if not kernel_log.exists():
+        return ""
+    lines = [line for line in kernel_log.read_text(errors="replace").splitlines() if line.strip()]
+    return f" | the kernel printed ({kernel_log.name}): " + " | ".join(lines[-3:])[:400] if lines else ""
 
 
 def plan_runs(notebook: str, profile: str, overrides: list[str], grid: list[str], tag: str | None):
