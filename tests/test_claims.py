@@ -1678,6 +1678,39 @@ CLAIMS += [  # device session 31: the selective GPU test, kernels-liger's valid 
 ]
 
 
+S32, S32_CI = "outputs/_node/session32/README.md", "outputs/_node/session32/ci-9ce3993.txt"
+
+
+def _ci_counts_at_9ce3993() -> tuple[int, int] | None:
+    """(failed, passed) of the project's CI run on session 31's submission, where its one failure is the console test
+    and the noise it saw is pyzmq's shutdown traceback; else None."""
+    text = _source_text(S32_CI)
+    counts = re.search(r"^(\d+) failed, (\d+) passed", text, re.M)
+    console = "FAILED tests/test_runner.py::test_console_shows_progress_and_summary_only" in text
+    if counts and console and "zmq.error.ZMQError: Socket operation on non-socket" in text:
+        return int(counts.group(1)), int(counts.group(2))
+    return None
+
+
+def _session32_budget_words() -> tuple[str, ...] | bool:
+    held = re.search(r"`budget_left_s` (\d+), `can_start_another: false`", _source_text(S32))
+    return (f"{held.group(1)} s being left at its start",) if held else False
+
+
+CLAIMS += [  # docs/lab-notes.md: session 32, no machine and CI's console flake
+    (L, "the console kept clean of the kernel's shutdown (session 32)",
+     _says("(session 32)", lambda: "Nothing ran; nothing came back." in _source_text(S32) and bool(_ci_counts_at_9ce3993()))),
+    (L, "The project's CI failed session 31's submission in one test of 1701",
+     lambda: (f"in one test of {sum(c)}",) if (c := _ci_counts_at_9ce3993()) and c[0] == 1 else False),
+    (L, "The same commit had passed a clean-clone run here",
+     _says("had passed a clean-clone run", lambda: "had exited 0 with 1701 passed" in _source_text(S32_CI))),
+    (L, "Session 31's tries at the same work had spent this session's device time, 172 s being left at its start",
+     _session32_budget_words),
+    (L, "Next: the plan of session 31, unchanged.",
+     _says("session 31, unchanged", lambda: "Next, on an H100 from the pinned tree" in _source_text("docs/lab-notes.md"))),
+]
+
+
 NOT_RESULTS = [
     ("README.md", "Packages in layers, each importing only those below it", "the house's rule, which tests/test_architecture.py "
                                                                         "enforces"),
