@@ -38,6 +38,15 @@ def notebook(tmp_path):
     return path, profile
 
 
+@pytest.fixture
+def outputs(tmp_path, monkeypatch):
+    """rlkit's outputs/ moved under tmp_path for the test: where `rlkit run` writes its results folders."""
+    from rlkit.core import results
+
+    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
+    return tmp_path / "outputs"
+
+
 def test_unknown_parameter_is_rejected_with_the_declared_names(notebook):
     path, profile = notebook
     with pytest.raises(ParamError, match=r"unknown parameters \(from .*\) \['y'\].*known keys: \['label', 'results_dir', 'x'\]"):
@@ -160,13 +169,11 @@ NOISE = ("WARNING", "without encryption", "frozen modules", "Debugger warning", 
          "Warning:", "zmq")
 
 
-def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch, capfd):
+def test_console_shows_progress_and_summary_only(notebook, outputs, capfd):
     """What a newcomer sees from `rlkit run` (and so from `make demo`): the runner's progress lines and its
-    summary. The kernel is a subprocess writing to the same terminal, so this reads the file descriptors."""
-    from rlkit.core import results
-
+    summary. The kernel is a subprocess writing to the same terminal, so this reads the file descriptors. A quiet
+    kernel leaves no kernel.log."""
     path, profile = notebook
-    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
     assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
     out, err = capfd.readouterr()
     lines = [line for line in (out + err).splitlines() if line.strip()]
@@ -175,13 +182,11 @@ def test_console_shows_progress_and_summary_only(notebook, tmp_path, monkeypatch
     ours = re.compile(r"^(\[1/1\] |notebook +tag +status|demo +demo\.tiny +ok |\s+\S*executed\.ipynb, |1 of 1 runs succeeded)")
     assert all(ours.match(line) for line in lines), [line for line in lines if not ours.match(line)]
     assert "1 of 1 runs succeeded" in out
+    assert not (outputs / "demo" / "demo.tiny" / R.KERNEL_LOG).exists()
 
 
-def test_real_errors_stay_visible(notebook, tmp_path, monkeypatch, capfd):
-    from rlkit.core import results
-
+def test_real_errors_stay_visible(notebook, outputs, capfd):
     path, profile = notebook
-    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
     assert R.main([str(path), "--profile", str(profile), "--quiet", "-p", "x=-1"]) == 1
     out, _ = capfd.readouterr()
     assert "FAILED" in out and "x must be non-negative" in out
@@ -226,41 +231,26 @@ def test_saved_copies_drop_widget_views_and_keep_the_other_representations(tmp_p
     nbformat.validate(saved)
 
 
-def test_what_the_kernel_prints_outside_its_cells_goes_to_its_log(notebook, tmp_path, monkeypatch, capfd):
+def test_what_the_kernel_prints_outside_its_cells_goes_to_its_log(notebook, outputs, monkeypatch, capfd):
     """The kernel process's own output (here ipykernel's warning about an unencrypted transport, forced by
     reporting no CurveZMQ) lands in the run's kernel.log, not on the console; a cell's output stays in the notebook."""
     import zmq
 
-    from rlkit.core import results
-
     path, profile = notebook
-    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
     has = zmq.has
     monkeypatch.setattr(zmq, "has", lambda feature: False if feature == "curve" else has(feature))
     assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
     out, err = capfd.readouterr()
     assert "without encryption" not in out + err
-    log = tmp_path / "outputs" / "demo" / "demo.tiny" / R.KERNEL_LOG
+    log = outputs / "demo" / "demo.tiny" / R.KERNEL_LOG
     assert "Kernel is running over TCP without encryption" in log.read_text()
 
 
-def test_a_quiet_kernel_leaves_no_log(notebook, tmp_path, monkeypatch):
-    from rlkit.core import results
-
-    path, profile = notebook
-    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
-    assert R.main([str(path), "--profile", str(profile), "--quiet"]) == 0
-    assert not (tmp_path / "outputs" / "demo" / "demo.tiny" / R.KERNEL_LOG).exists()
-
-
-def test_a_dead_kernels_last_words_are_in_the_error(tmp_path, monkeypatch):
+def test_a_dead_kernels_last_words_are_in_the_error(tmp_path, outputs):
     """A cell that writes to the kernel process's file descriptor 2 (not to ``sys.stderr``, which ipykernel sends to
     the notebook) and kills the kernel: the failure names what it printed, and the failed folder keeps kernel.log."""
-    from rlkit.core import results
-
     body = "import os\nos.write(2, b'the reason it died\\n')\nos._exit(1)\n"
     path = _write_notebook(tmp_path / "nbs" / "demo.ipynb", body)
-    monkeypatch.setattr(results, "OUTPUTS_DIR", tmp_path / "outputs")
     result = R.run_one(path, {"x": 1, "label": "a"}, "t", progress=False)
     assert not result.ok and "the kernel printed (kernel.log): the reason it died" in result.error, result.error
     assert "the reason it died" in (result.folder / R.KERNEL_LOG).read_text()
