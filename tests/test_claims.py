@@ -23,6 +23,7 @@ from rlkit.report import seed_workload as report_seed
 
 import _claim_session30 as S30C  # session 30's readers
 import _claim_session31 as S31C  # session 31's readers
+import _claim_session33 as S33C  # session 33's readers
 from _claim_sources import (  # readers of the committed files; tests/ is on sys.path under pytest
     GIB, ARM5, ARMS, C5, ENTROPY_BACKPROP, GENERATED, GPU5, GPU12, GQA12, LEVERS12, PADDED, PROFILES, RESUME9,
     SESSION11_PROFILES,
@@ -1264,19 +1265,17 @@ def _actor_in(name: str, phase: str, step: int) -> list[float]:
             if row["phase"] == phase and row["step"] == step for _, gib, title in held if "WorkerDict" in title]
 
 
-def _no_run_records_old_log_prob_memory() -> bool:
-    """No committed run's files carry the old_log_prob memory instrument's metrics."""
-    return not any("rlkit/old_log_prob/" in p.read_text(errors="replace")
-                   for p in (REPO_ROOT / "outputs").rglob("*") if p.suffix in (".json", ".jsonl", ".log") and p.is_file())
-
-
 CLAIMS += [  # docs/patches.md: the old_log_prob memory instrument
-    ("docs/patches.md", "its old_log_prob memory instrument has not yet run on a GPU",
-     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
-    ("docs/patches.md", "The old_log_prob memory instrument has not yet run on a GPU: no committed run records these numbers",
-     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
-    ("docs/lab-notes.md", "The instrument for old_log_prob's peaks has not yet run on a GPU",
-     _says("has not yet run on a GPU", _no_run_records_old_log_prob_memory)),
+    ("docs/patches.md", "it has run on a GPU only in notebook 07's small model, not yet at the seed's workload",
+     _says("not yet at the seed's workload", S33C.instrument_ran_only_here)),
+    ("docs/patches.md", "The old_log_prob memory instrument has run on a GPU once, in arm 1 of notebook 07's runs that "
+                        "stopped in session 33", _says("in session 33", S33C.instrument_ran_only_here)),
+    ("docs/patches.md", "old_log_prob's peak allocated was 0.35-0.38 GiB a step on that small model",
+     S33C.instrument_peak_words),
+    ("docs/patches.md", "No run at the seed's workload records these numbers yet",
+     _says("No run at the seed's workload", S33C.instrument_ran_only_here)),
+    ("docs/lab-notes.md", "The instrument for old_log_prob's peaks had not yet run on a GPU; its first run was in "
+                          "session 33", _says("its first run was in session 33", S33C.instrument_ran_only_here)),
     ("docs/patches.md", "the committed points predate the instrument and compare as before",
      _by_test("compare as before", "tests/test_util_sweep.py::"
               "test_committed_points_compare_exactly_as_before_without_the_instruments_record")),
@@ -1708,6 +1707,25 @@ CLAIMS += [  # docs/lab-notes.md: session 32, no machine and CI's console flake
      _session32_budget_words),
     (L, "Next: the plan of session 31, unchanged.",
      _says("session 31, unchanged", lambda: "Next, on an H100 from the pinned tree" in _source_text("docs/lab-notes.md"))),
+]
+
+
+CLAIMS += [  # docs/lab-notes.md: session 33, notebook 07's two runs stopped when the machine was taken back
+    (L, "Notebook 07's runs started, and the machine was taken back (session 33)",
+     _says("(session 33)", S33C.taken_back_and_not_finished)),
+    (L, "by the last pack, arm 1 had finished 3 steps and the fastest variant 10", lambda: S33C.step_words()[:1]),
+    (L, "After the first step, arm 1 took 27-28 s a step and the variant 6-7 s, the two sharing the card",
+     lambda: S33C.step_words()[1:] if S33C.ran_on_an_h100_at_c1c1f3c() else False),
+    (L, "its step 3 took 26.8 s, of which old_log_prob 6.4 s and update_actor 15.9 s; the variant skips old_log_prob, "
+        "and its update took 2.5 s in the same step", S33C.arm1_phase_words),
+    (L, "So an arm-1 run of 30 steps needs about 20 minutes of a lease after the bundle",
+     lambda: (f"run of {_yaml(NB07)['steps']} steps", f"about {S33C.arm1_run_minutes()} minutes")),
+    (L, "The old_log_prob memory instrument ran on a GPU for the first time**, in arm 1 (the variant skips the pass)",
+     _says("for the first time", S33C.instrument_ran_only_here)),
+    (L, "old_log_prob's peak allocated was 0.35-0.38 GiB a step on notebook 07's small model", S33C.instrument_peak_words),
+    (L, "No run at the seed's workload records it yet", _says("No run at the seed's workload", S33C.instrument_ran_only_here)),
+    (L, "Next: notebook 07's runs alone on a card with at least 25 minutes of its hold left; otherwise the plan of "
+        "session 31", _says("the plan of session 31", lambda: "For the next lease" in _source_text(S33C.S33_README))),
 ]
 
 
