@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from functools import cache
 
-from _claim_sources import _json, _source_text
+from _claim_sources import _json, _source_text, _yaml
+
+from rlkit.core.env import REPO_ROOT
 
 S33 = "outputs/_node/session33"
 S33_README = f"{S33}/README.md"
@@ -15,10 +18,15 @@ ARM1, FAST = "1-fixes-hostadamw.r1", "5-fastest.r1"
 COMMIT33 = "c1c1f3c7dbcab5c2c7b08782e2c14a9fcaf24c04"
 
 
+@cache
 def steps(run: str) -> list[dict]:
     """A stopped run's per-step records, each its ``data`` with the step number under ``step``."""
     lines = _source_text(f"{STOPPED}/{run}/verl_metrics.jsonl").splitlines()
     return [{**row["data"], "step": row["step"]} for row in map(json.loads, lines)]
+
+
+def _planned_steps() -> int:
+    return _yaml(f"{STOPPED}/experiment-params.yaml")["steps"]
 
 
 def ran_on_an_h100_at_c1c1f3c() -> bool:
@@ -36,9 +44,8 @@ def ran_on_an_h100_at_c1c1f3c() -> bool:
 def taken_back_and_not_finished() -> bool:
     """The record says the machine was taken back, and neither run reached the experiment's 30 steps."""
     text = _source_text(S33_README)
-    planned = int(re.search(r"^steps: (\d+)$", _source_text(f"{STOPPED}/experiment-params.yaml"), re.M).group(1))
     return ("taken back for other work" in text and "too little device time was left" in text
-            and all(len(steps(run)) < planned for run in (ARM1, FAST)) and ran_on_an_h100_at_c1c1f3c())
+            and all(len(steps(run)) < _planned_steps() for run in (ARM1, FAST)) and ran_on_an_h100_at_c1c1f3c())
 
 
 def _seconds_after_first(run: str) -> tuple[int, int]:
@@ -74,20 +81,18 @@ def arm1_run_minutes() -> str:
     (by which 3 steps had ended), then the remaining steps at arm 1's mean step time after its first."""
     started = _clock(_source_text(f"{S33}/session-progress.txt"), r"^(\d\d:\d\d:\d\d) learning/learning start")
     packed = _clock(_source_text(S33_README), r"At the last pack \(about (\d\d:\d\d:\d\d)\)")
-    planned = int(re.search(r"^steps: (\d+)$", _source_text(f"{STOPPED}/experiment-params.yaml"), re.M).group(1))
     done = steps(ARM1)
     mean = sum(row["timing_s/step"] for row in done[1:]) / len(done[1:])
-    return f"{round(((packed - started).total_seconds() + (planned - len(done)) * mean) / 60)}"
+    return f"{round(((packed - started).total_seconds() + (_planned_steps() - len(done)) * mean) / 60)}"
 
 
 INSTRUMENT = "rlkit/old_log_prob/"
 
 
+@cache
 def instrument_ran_only_here() -> bool:
     """The old_log_prob memory instrument's metrics are in session 33's arm-1 run and in no other committed file, and
-    the variant, which skips the pass, has none."""
-    from rlkit.core.env import REPO_ROOT
-
+    the variant, which skips the pass, has none (one scan of outputs/, which six claims ask about)."""
     carrying = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "outputs").rglob("*")
                 if p.suffix in (".json", ".jsonl", ".log") and p.is_file() and INSTRUMENT in p.read_text(errors="replace")}
     return bool(carrying) and all(path.startswith(f"{STOPPED}/{ARM1}/") for path in carrying)
@@ -96,6 +101,6 @@ def instrument_ran_only_here() -> bool:
 def instrument_peak_words() -> tuple[str, ...]:
     """The range of the pass's peak allocated over arm 1's steps, as the docs write it."""
     peaks = [row[f"actor/{INSTRUMENT}max_allocated_gib"] for row in steps(ARM1)]
-    if not instrument_ran_only_here() or len(peaks) != len(steps(ARM1)):
+    if not instrument_ran_only_here():
         return ("<the instrument's metrics are not arm 1's alone>",)
     return (f"peak allocated was {min(peaks):.2f}-{max(peaks):.2f} GiB a step",)
