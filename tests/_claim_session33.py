@@ -87,20 +87,37 @@ def arm1_run_minutes() -> str:
 
 
 INSTRUMENT = "rlkit/old_log_prob/"
+# notebook 07's arm-1 runs on its small model: session 33's stopped one, and those that finished from session 34 on
+NOTEBOOK07_ARM1 = (f"{STOPPED}/{ARM1}/", "outputs/07_does_it_learn/h200-fast-runs/1-fixes-hostadamw.r",
+                   "outputs/_node/session34/learning-partial-metrics.json")  # that arm-1 run's steps, in the experiment's record
+SESSION34_ARM1 = f"{NOTEBOOK07_ARM1[1]}1"
 
 
 @cache
-def instrument_ran_only_here() -> bool:
-    """The old_log_prob memory instrument's metrics are in session 33's arm-1 run and in no other committed file, and
-    the variant, which skips the pass, has none (one scan of outputs/, which six claims ask about)."""
-    carrying = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "outputs").rglob("*")
-                if p.suffix in (".json", ".jsonl", ".log") and p.is_file() and INSTRUMENT in p.read_text(errors="replace")}
-    return bool(carrying) and all(path.startswith(f"{STOPPED}/{ARM1}/") for path in carrying)
+def carrying_the_instrument() -> frozenset[str]:
+    """Every committed file under outputs/ with the old_log_prob memory instrument's metrics (one scan, which several
+    claims ask about)."""
+    return frozenset(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "outputs").rglob("*")
+                     if p.suffix in (".json", ".jsonl", ".log") and p.is_file()
+                     and INSTRUMENT in p.read_text(errors="replace"))
+
+
+def instrument_ran_only_in_notebook_07() -> bool:
+    """The instrument's metrics are in notebook 07's arm-1 runs on its small model and in no other committed file
+    (the variant, which skips the pass, has none; nor has any seed-workload run), session 33's stopped run among them."""
+    carrying = carrying_the_instrument()
+    return (any(path.startswith(NOTEBOOK07_ARM1[0]) for path in carrying)
+            and all(path.startswith(NOTEBOOK07_ARM1) for path in carrying))
+
+
+def peak_range(rows: list[dict]) -> str:
+    """The range of the pass's peak allocated over a run's steps, as the docs write it."""
+    peaks = [row[f"actor/{INSTRUMENT}max_allocated_gib"] for row in rows]
+    return f"{min(peaks):.2f}-{max(peaks):.2f} GiB"
 
 
 def instrument_peak_words() -> tuple[str, ...]:
-    """The range of the pass's peak allocated over arm 1's steps, as the docs write it."""
-    peaks = [row[f"actor/{INSTRUMENT}max_allocated_gib"] for row in steps(ARM1)]
-    if not instrument_ran_only_here():
-        return ("<the instrument's metrics are not arm 1's alone>",)
-    return (f"peak allocated was {min(peaks):.2f}-{max(peaks):.2f} GiB a step",)
+    """The range of the pass's peak allocated over session 33's arm-1 steps, as the docs write it."""
+    if not instrument_ran_only_in_notebook_07():
+        return ("<the instrument's metrics are not notebook 07's arm 1's alone>",)
+    return (f"peak allocated was {peak_range(steps(ARM1))} a step",)

@@ -24,6 +24,7 @@ from rlkit.report import seed_workload as report_seed
 import _claim_session30 as S30C  # session 30's readers
 import _claim_session31 as S31C  # session 31's readers
 import _claim_session33 as S33C  # session 33's readers
+import _claim_session34 as S34C  # session 34's readers
 from _claim_sources import (  # readers of the committed files; tests/ is on sys.path under pytest
     GIB, ARM5, ARMS, C5, ENTROPY_BACKPROP, GENERATED, GPU5, GPU12, GQA12, LEVERS12, PADDED, PROFILES, RESUME9,
     SESSION11_PROFILES,
@@ -1267,15 +1268,19 @@ def _actor_in(name: str, phase: str, step: int) -> list[float]:
 
 CLAIMS += [  # docs/patches.md: the old_log_prob memory instrument
     ("docs/patches.md", "it has run on a GPU only in notebook 07's small model, not yet at the seed's workload",
-     _says("not yet at the seed's workload", S33C.instrument_ran_only_here)),
-    ("docs/patches.md", "The old_log_prob memory instrument has run on a GPU once, in arm 1 of notebook 07's runs that "
-                        "stopped in session 33", _says("in session 33", S33C.instrument_ran_only_here)),
+     _says("not yet at the seed's workload", S33C.instrument_ran_only_in_notebook_07)),
+    ("docs/patches.md", "The old_log_prob memory instrument has run on a GPU only in arm 1 of notebook 07's runs: first "
+                        "in the run that stopped in session 33",
+     _says("only in arm 1 of notebook 07's runs", S33C.instrument_ran_only_in_notebook_07)),
     ("docs/patches.md", "old_log_prob's peak allocated was 0.35-0.38 GiB a step on that small model",
      S33C.instrument_peak_words),
+    ("docs/patches.md", "then in the run that finished in session 34 "
+                        "(`outputs/07_does_it_learn/h200-fast-runs/1-fixes-hostadamw.r1/`), 0.35-0.38 GiB again",
+     lambda: S34C.instrument_words() if S33C.instrument_ran_only_in_notebook_07() else False),
     ("docs/patches.md", "No run at the seed's workload records these numbers yet",
-     _says("No run at the seed's workload", S33C.instrument_ran_only_here)),
+     _says("No run at the seed's workload", S33C.instrument_ran_only_in_notebook_07)),
     ("docs/lab-notes.md", "The instrument for old_log_prob's peaks had not yet run on a GPU; its first run was in "
-                          "session 33", _says("its first run was in session 33", S33C.instrument_ran_only_here)),
+                          "session 33", _says("its first run was in session 33", S33C.instrument_ran_only_in_notebook_07)),
     ("docs/patches.md", "the committed points predate the instrument and compare as before",
      _by_test("compare as before", "tests/test_util_sweep.py::"
               "test_committed_points_compare_exactly_as_before_without_the_instruments_record")),
@@ -1583,6 +1588,13 @@ def _profiles_after_the_eager_swiglu_backward() -> list[str]:
         ["git", "-C", str(REPO_ROOT), "merge-base", "--is-ancestor", fix, sha], check=False).returncode == 0)
 
 
+def _first_with_the_eager_swiglu_backward() -> str:
+    """The profile of the earliest device session among those with the SwiGLU's eager backward (a name without a
+    session suffix is of the session it ran in, which only the newest profile of a tag has: none of these)."""
+    names = _profiles_after_the_eager_swiglu_backward()
+    return min(names, key=lambda n: int(n.rpartition(".session")[2]) if ".session" in n else 10**6)
+
+
 def _compiled_swiglu_backward_off_on_an_h100() -> bool:
     k = S30C._kernels()
     s = k["ops"]["swiglu"]["compiled"]
@@ -1593,20 +1605,18 @@ def _compiled_swiglu_backward_off_on_an_h100() -> bool:
 CLAIMS += [
     ("docs/results.md", "Its SwiGLU backward was not eager's bit for bit on an H100 at 24,576 tokens (session 30)",
      _says("not eager's bit for bit on an H100", _compiled_swiglu_backward_off_on_an_h100)),
-    ("docs/results.md", "every profile here predates that but `h100-compiled.session31`",
-     lambda: tuple(f"predates that but `{n}`" for n in _profiles_after_the_eager_swiglu_backward()) or False),
+    ("docs/results.md", "every profile here predates that but `h100-base.session34`, `h100-compiled.session31` and "
+                        "`h100-compiled.session34`",
+     lambda: (lambda names: (f"predates that but {', '.join(names[:-1])} and {names[-1]}",) if len(names) > 1 else False)(
+         [f"`{n}`" for n in _profiles_after_the_eager_swiglu_backward()])),
 ]
 
 
 CLAIMS += [  # device session 31: the selective GPU test, kernels-liger's valid run and one compiled profile, at 3aa2b34
-    ("README.md", "Those profiles predate the SwiGLU's eager backward: one update with it (3aa2b34, another lease) took "
-                  "9.05 s (26%), not comparable with them",
-     lambda: (f"took {S31C.profile31_words()[0]} ({S31C.profile31_words()[1]})", "not comparable")
-     if S31C.profile31_not_comparable() and _profiles_after_the_eager_swiglu_backward() == [S31C.PROFILE31] else False),
     ("docs/results.md", "`h100-compiled.session31` is one update with the compiled kernels at 3aa2b34 (session 31), the "
                         "first with the SwiGLU's eager backward: 9.05 s (26% MFU)",
      lambda: (f"{S31C.profile31_words()[0]} ({S31C.profile31_words()[1]} MFU)", "at 3aa2b34 (session 31)")
-     if _profiles_after_the_eager_swiglu_backward() == [S31C.PROFILE31] and S31C.ran_on_an_h100_at_3aa2b34() else False),
+     if _first_with_the_eager_swiglu_backward() == S31C.PROFILE31 and S31C.ran_on_an_h100_at_3aa2b34() else False),
     ("docs/results.md", "No profile without levers ran in its lease or at its commit (its last column is empty), so it is "
                         "not comparable with the other profiles",
      _says("not comparable with the other profiles", S31C.profile31_not_comparable)),
@@ -1666,7 +1676,7 @@ CLAIMS += [  # device session 31: the selective GPU test, kernels-liger's valid 
     (L, "With Inductor's fused backward, in session 30, it took 2.05 ms against eager's 2.89 ms", S31C.swiglu30_words),
     (L, "the first with the SwiGLU's eager backward: 9.05 s (26% MFU), its elementwise kernels 945 ms",
      lambda: ("{} ({} MFU), its elementwise kernels {}".format(*S31C.profile31_words()),)
-     if _profiles_after_the_eager_swiglu_backward() == [S31C.PROFILE31] else False),
+     if _first_with_the_eager_swiglu_backward() == S31C.PROFILE31 else False),
     (L, "no profile without levers ran in this lease or at this commit, so it is not comparable with the profiles of "
         "sessions 26 and 30", _says("not comparable", S31C.profile31_not_comparable)),
     (L, "Its GPU tests: 29 passed, 1 skipped**, among them the two Qwen3-4B-wide layers with the compiled rotary and "
@@ -1721,11 +1731,51 @@ CLAIMS += [  # docs/lab-notes.md: session 33, notebook 07's two runs stopped whe
     (L, "So an arm-1 run of 30 steps needs about 20 minutes of a lease after the bundle",
      lambda: (f"run of {_yaml(NB07)['steps']} steps", f"about {S33C.arm1_run_minutes()} minutes")),
     (L, "The old_log_prob memory instrument ran on a GPU for the first time**, in arm 1 (the variant skips the pass)",
-     _says("for the first time", S33C.instrument_ran_only_here)),
+     _says("for the first time", S33C.instrument_ran_only_in_notebook_07)),
     (L, "old_log_prob's peak allocated was 0.35-0.38 GiB a step on notebook 07's small model", S33C.instrument_peak_words),
-    (L, "No run at the seed's workload records it yet", _says("No run at the seed's workload", S33C.instrument_ran_only_here)),
+    (L, "No run at the seed's workload records it yet", _says("No run at the seed's workload", S33C.instrument_ran_only_in_notebook_07)),
     (L, "Next: notebook 07's runs alone on a card with at least 25 minutes of its hold left; otherwise the plan of "
         "session 31", _says("the plan of session 31", lambda: "For the next lease" in _source_text(S33C.S33_README))),
+]
+
+
+CLAIMS += [  # device session 34: notebook 07's first pair at lr 5e-4 and the compiled kernels beside their base, at 78bfa72
+    ("README.md", "With the SwiGLU's eager backward, which those profiles predate, the compiled kernels took one update "
+                  "from 11.24 s to 9.35 s (-17%), from 21% to 25% MFU, against no lever in one lease at one commit (78bfa72)",
+     lambda: (*S34C.profile_pair_words(), "in one lease at one commit (78bfa72)")
+     if S34C.ran_on_an_h100_at_78bfa72() and "h100-compiled.session34" in _profiles_after_the_eager_swiglu_backward()
+     else False),
+    ("docs/results.md", "`h100-base.session34` and `h100-compiled.session34` ran one after the other in one lease on one "
+                        "H100 at 78bfa72", _says("at 78bfa72", S34C.ran_on_an_h100_at_78bfa72)),
+    ("docs/results.md", "They took the update from 11.24 s to 9.35 s (-17%), from 21% to 25% MFU, one profile each; the "
+                        "compiled patches' GPU tests after it: 28 passed, 2 skipped",
+     lambda: (*S34C.profile_pair_words(), *S34C.compiled_tests_words())),
+    ("README.md", "at lr 5e-4 one run a side so far, both learned, plateaus 0.11 apart",
+     lambda: (f"at lr {S34C.lr_words(_yaml(NB07))} one run a side so far", "both learned",
+              S34C.pair_words()[-1].replace("differ by", "plateaus") + " apart")
+     if not S34C.pair_words()[0].startswith("<") else False),
+    ("docs/results.md", "Notebook 07's h200 profile compares arm 1 with 5-fastest (arm 5 with the overlapped copies, "
+                        "compiled RMSNorm and pointwise, chunked log-probs and the 0.2-s poll), two runs each",
+     lambda: S34C.profile_words(_yaml(NB07))),
+    ("docs/results.md", "Session 34 ran the first of each side by side on one H100 from 78bfa72",
+     _says("from 78bfa72", S34C.ran_on_an_h100_at_78bfa72)),
+    ("docs/results.md", "Both trained their 30 steps and learned: over the first and last five steps, arm 1 from 0.015 to "
+                        "0.428 and the fastest variant from 0.014 to 0.543", lambda: S34C.pair_words()[:2]),
+    ("docs/results.md", "Their entropy collapsed at step 26 and 27. Their plateaus differ by 0.11, where the two arm-1 runs "
+                        "at lr 1e-3 above ended 1.2e-05 apart",
+     lambda: (*S34C.collapse_words(), S34C.pair_words()[-1],
+              f"ended {_json('outputs/07_does_it_learn/h200/metrics.json')['analysis']['noise']['last_window_spread']:.1e} apart")),
+    (L, "Notebook 07's first pair finished, and the compiled kernels beside their base (session 34)",
+     _says("first pair finished", S34C.ran_on_an_h100_at_78bfa72)),
+    (L, "both trained their 30 steps and learned, arm 1 from 0.015 to 0.428 and the fastest variant from 0.014 to 0.543 "
+        "over the first and last five steps", lambda: S34C.pair_words()[:2]),
+    (L, "Their entropy collapsed at step 26 and 27", S34C.collapse_words),
+    (L, "after the first step, arm 1 took 22.9 s a step and the variant 5.7 s, with update_actor 13.4 s against 1.7 s",
+     S34C.step_time_words),
+    (L, "The job took 17 minutes from the driver's start", lambda: (f"took {S34C.job_minutes()} minutes",)),
+    (L, "ran in arm 1 again: 0.35-0.38 GiB again", S34C.instrument_words),
+    (L, "from 11.24 s to 9.35 s (-17%), from 21% to 25% MFU. The compiled patches' GPU tests after it: 28 passed, 2 skipped",
+     lambda: (*S34C.profile_pair_words(), *S34C.compiled_tests_words())),
 ]
 
 
