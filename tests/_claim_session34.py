@@ -11,7 +11,6 @@ from _claim_session33 import SESSION34_ARM1, peak_range
 from _claim_sources import _json, _source_text
 
 S34 = "outputs/_node/session34"
-S34_README = f"{S34}/README.md"
 RUNS = "outputs/07_does_it_learn/h200-fast-runs"
 ARM1, FAST = "1-fixes-hostadamw.r1", "5-fastest.r1"
 PARTIAL = f"{S34}/learning-partial-metrics.json"
@@ -36,18 +35,19 @@ def ran_on_an_h100_at_78bfa72() -> bool:
 
 
 def _per_run() -> dict[str, dict]:
-    """The experiment's own analysis of this invocation, which it marks incomplete (two of its four planned runs)."""
+    """The experiment's own analysis of this invocation, which it marks incomplete (two of its four planned runs), where
+    its window is the five steps the docs name."""
     m = _json(PARTIAL)
-    if m["complete"] or sorted(m["pending"]) != ["1-fixes-hostadamw.r2", "5-fastest.r2"]:
+    if m["complete"] or sorted(m["pending"]) != ["1-fixes-hostadamw.r2", "5-fastest.r2"] or m["config"]["window"] != 5:
         return {}
     return m["analysis"]["per_run"]
 
 
 def pair_words() -> tuple[str, ...]:
     """Both runs trained every planned step and learned; each one's mean reward over its first and last windows."""
-    runs = _per_run()
-    if not runs or not all(r["learned"] and r["steps_trained"] == len(steps(n)) == 30 for n, r in runs.items()):
-        return ("<a run did not train its 30 steps or did not learn>",)
+    runs, planned = _per_run(), _json(PARTIAL)["config"]["steps"]
+    if not runs or not all(r["learned"] and r["steps_trained"] == len(steps(n)) == planned for n, r in runs.items()):
+        return ("<a run did not train its planned steps or did not learn>",)
     a, f = runs[ARM1], runs[FAST]
     return (f"arm 1 from {a['reward_first']:.3f} to {a['reward_last']:.3f}",
             f"the fastest variant from {f['reward_first']:.3f} to {f['reward_last']:.3f}",
@@ -57,7 +57,7 @@ def pair_words() -> tuple[str, ...]:
 def collapse_words() -> tuple[str, ...]:
     """The step at which each run's entropy collapsed, as the analysis finds it."""
     runs = _per_run()
-    return (f"at step {runs[ARM1]['entropy_collapsed_at']} and {runs[FAST]['entropy_collapsed_at']}",) if runs else ("<>",)
+    return (f"at step {runs[ARM1]['entropy_collapsed_at']} and {runs[FAST]['entropy_collapsed_at']}",) if runs else ("<no analysis>",)
 
 
 def _mean_after_first(run: str, key: str) -> float:
@@ -104,7 +104,7 @@ def _update(folder: str) -> tuple[float, float]:
 def profile_pair_words() -> tuple[str, ...]:
     """The compiled kernels' update against the one without levers of the same commit and lease."""
     (base_s, base_mfu), (comp_s, comp_mfu) = _update(BASE), _update(COMPILED)
-    return (f"from {base_s:.2f} s to {comp_s:.2f} s", f"({comp_s / base_s - 1:+.0%}",
+    return (f"from {base_s:.2f} s to {comp_s:.2f} s", f"({comp_s / base_s - 1:+.0%})",
             f"{base_mfu:.0%} to {comp_mfu:.0%} MFU")
 
 
