@@ -8,7 +8,9 @@ import re
 from functools import cache
 
 from _claim_session33 import SESSION34_ARM1, peak_range
-from _claim_sources import _json, _source_text
+from _claim_sources import _json, _source_text, _yaml
+
+from rlkit.recipes.grpo import ARMS
 
 S34 = "outputs/_node/session34"
 RUNS = "outputs/07_does_it_learn/h200-fast-runs"
@@ -119,6 +121,24 @@ def job_minutes() -> int:
     from datetime import datetime
 
     text = _source_text(f"{S34}/learning-session-progress.txt")
-    start, end = (datetime.strptime(re.search(rf"^(\d\d:\d\d:\d\d) learning/learning {w}", text, re.M).group(1),
+    start, end = (datetime.strptime(re.search(rf"^(\d\d:\d\d:\d\d) learning/learning {w}", text, re.MULTILINE).group(1),
                                     "%H:%M:%S") for w in ("start", "exit 0"))
     return round((end - start).total_seconds() / 60)
+
+
+def per_token_words() -> tuple[str, ...]:
+    """Arm 1's mean old_log_prob after its first step, its tokens a step, and the time a token (the variant's update
+    beside it), where arm 1 ran verl's full logits and the variant the chunked log-probs."""
+    arm1, fast = (_json(f"{RUNS}/{run}/metrics.json")["recipe"] for run in (ARM1, FAST))
+    if (arm1["logits"], fast["logits"]) != ("full", "chunked"):
+        return ("<the runs' logits are not full and chunked>",)
+    seconds, tokens = (_mean_after_first(ARM1, k) for k in ("timing_s/old_log_prob", "perf/total_num_tokens"))
+    return (f"took {seconds:.1f} s a step for about {round(tokens, -3):,.0f} tokens",
+            f"some {seconds / tokens * 1e6:.0f} us a token",
+            f"its whole update took {_mean_after_first(FAST, 'timing_s/update_actor'):.1f} s")
+
+
+def seed_arms_chunked() -> bool:
+    """The seed profile's logits are chunked and no arm sets its own."""
+    return (_yaml("nbs/params/05_grpo_qwen3_4b.h200-seed.yaml")["logits"] == "chunked"
+            and not any("logits" in fields for fields in ARMS.values()))

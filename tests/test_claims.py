@@ -1773,6 +1773,10 @@ CLAIMS += [  # device session 34: notebook 07's first pair at lr 5e-4 and the co
     (L, "after the first step, arm 1 took 22.9 s a step and the variant 5.7 s, with update_actor 13.4 s against 1.7 s",
      S34C.step_time_words),
     (L, "The job took 17 minutes from the driver's start", lambda: (f"took {S34C.job_minutes()} minutes",)),
+    (L, "Arm 1's old_log_prob, a forward pass alone, took 4.8 s a step for about 75,000 tokens, some 64 us a token; the "
+        "variant's chunked log-probs replace that path, and its whole update took 1.7 s", S34C.per_token_words),
+    (L, "At the seed's workload every arm runs with chunked log-probs",
+     _says("every arm runs with chunked log-probs", S34C.seed_arms_chunked)),
     (L, "ran in arm 1 again: 0.35-0.38 GiB again", S34C.instrument_words),
     (L, "from 11.24 s to 9.35 s (-17%), from 21% to 25% MFU. The compiled patches' GPU tests after it: 28 passed, 2 skipped",
      lambda: (*S34C.profile_pair_words(), *S34C.compiled_tests_words())),
