@@ -2,12 +2,11 @@
 H100, stopped when the machine was taken back. Each returns values as the docs write them, or a bool for a status."""
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
 from functools import cache
 
-from _claim_sources import _json, _source_text, _yaml
+from _claim_sources import _json, _source_text, _verl_steps, _yaml
 
 from rlkit.core.env import REPO_ROOT
 
@@ -20,9 +19,8 @@ COMMIT33 = "c1c1f3c7dbcab5c2c7b08782e2c14a9fcaf24c04"
 
 @cache
 def steps(run: str) -> list[dict]:
-    """A stopped run's per-step records, each its ``data`` with the step number under ``step``."""
-    lines = _source_text(f"{STOPPED}/{run}/verl_metrics.jsonl").splitlines()
-    return [{**row["data"], "step": row["step"]} for row in map(json.loads, lines)]
+    """A stopped run's per-step records."""
+    return _verl_steps(f"{STOPPED}/{run}")
 
 
 def _planned_steps() -> int:
@@ -90,7 +88,6 @@ INSTRUMENT = "rlkit/old_log_prob/"
 # notebook 07's arm-1 runs on its small model: session 33's stopped one, and those that finished from session 34 on
 NOTEBOOK07_ARM1 = (f"{STOPPED}/{ARM1}/", "outputs/07_does_it_learn/h200-fast-runs/1-fixes-hostadamw.r",
                    "outputs/_node/session34/learning-partial-metrics.json")  # that arm-1 run's steps, in the experiment's record
-SESSION34_ARM1 = f"{NOTEBOOK07_ARM1[1]}1"
 
 
 @cache

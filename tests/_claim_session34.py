@@ -3,12 +3,10 @@ run of each side) and an update profile without levers beside one with the compi
 H100. Each returns values as the docs write them, or a bool for a status."""
 from __future__ import annotations
 
-import json
-import re
 from functools import cache
 
-from _claim_session33 import SESSION34_ARM1, peak_range
-from _claim_sources import _json, _source_text, _yaml
+from _claim_session33 import _clock, peak_range
+from _claim_sources import PROFILES, _json, _profile, _source_text, _verl_steps, _wall, _yaml
 
 from rlkit.recipes.grpo import ARMS
 
@@ -16,20 +14,20 @@ S34 = "outputs/_node/session34"
 RUNS = "outputs/07_does_it_learn/h200-fast-runs"
 ARM1, FAST = "1-fixes-hostadamw.r1", "5-fastest.r1"
 PARTIAL = f"{S34}/learning-partial-metrics.json"
-BASE, COMPILED = "outputs/update_profile/h100-base.session34", "outputs/update_profile/h100-compiled.session34"
+BASE, COMPILED = "h100-base.session34", "h100-compiled.session34"  # under outputs/update_profile/
 COMMIT34 = "78bfa728bcf83d8762d13631621b1a56abf3e3eb"
 H100 = ["NVIDIA H100 80GB HBM3"]
 
 
 @cache
 def steps(run: str) -> list[dict]:
-    """A run's per-step records, each its ``data``."""
-    return [json.loads(line)["data"] for line in _source_text(f"{RUNS}/{run}/verl_metrics.jsonl").splitlines()]
+    """A run's per-step records."""
+    return _verl_steps(f"{RUNS}/{run}")
 
 
 def ran_on_an_h100_at_78bfa72() -> bool:
     """The two runs and the two profiles: commit 78bfa72 on one H100; neither run's log holds a Python error."""
-    envs = [f"{RUNS}/{ARM1}/env.json", f"{RUNS}/{FAST}/env.json", f"{BASE}/env.json", f"{COMPILED}/env.json"]
+    envs = [f"{RUNS}/{ARM1}/env.json", f"{RUNS}/{FAST}/env.json", *(f"{PROFILES}/{p}/env.json" for p in (BASE, COMPILED))]
     # up to the last step's record: the Ray session's teardown after it kills the DataLoader's workers, as in every run
     logs = [_source_text(f"{RUNS}/{run}/verl.log").rpartition(f"step:{len(steps(run))} ")[0] for run in (ARM1, FAST)]
     return (all(_json(e)["git_sha"] == COMMIT34 and [g["name"] for g in _json(e)["gpus"]] == H100 for e in envs)
@@ -94,18 +92,12 @@ def profile_words(profile: dict) -> tuple[str, ...] | bool:
 
 def instrument_words() -> tuple[str, ...]:
     """The old_log_prob memory instrument's peak allocated over session 34's arm-1 steps."""
-    rows = [json.loads(line)["data"] for line in _source_text(f"{SESSION34_ARM1}/verl_metrics.jsonl").splitlines()]
-    return (f"{peak_range(rows)} again",)
-
-
-def _update(folder: str) -> tuple[float, float]:
-    m = _json(f"{folder}/metrics.json")
-    return m["timing"]["timed"][0]["seconds"], m["flops"]["mfu_timed"]
+    return (f"{peak_range(steps(ARM1))} again",)
 
 
 def profile_pair_words() -> tuple[str, ...]:
     """The compiled kernels' update against the one without levers of the same commit and lease."""
-    (base_s, base_mfu), (comp_s, comp_mfu) = _update(BASE), _update(COMPILED)
+    (base_s, base_mfu), (comp_s, comp_mfu) = ((_wall(p), _profile(p)["flops"]["mfu_timed"]) for p in (BASE, COMPILED))
     return (f"from {base_s:.2f} s to {comp_s:.2f} s", f"({comp_s / base_s - 1:+.0%})",
             f"{base_mfu:.0%} to {comp_mfu:.0%} MFU")
 
@@ -118,11 +110,8 @@ def compiled_tests_words() -> tuple[str, ...]:
 
 def job_minutes() -> int:
     """The learning job's minutes from the driver's start to its exit (the driver's progress file)."""
-    from datetime import datetime
-
     text = _source_text(f"{S34}/learning-session-progress.txt")
-    start, end = (datetime.strptime(re.search(rf"^(\d\d:\d\d:\d\d) learning/learning {w}", text, re.MULTILINE).group(1),
-                                    "%H:%M:%S") for w in ("start", "exit 0"))
+    start, end = (_clock(text, rf"(\d\d:\d\d:\d\d) learning/learning {w}") for w in ("start", "exit 0"))
     return round((end - start).total_seconds() / 60)
 
 

@@ -36,6 +36,12 @@ def _profile(name: str) -> dict:
     return _json(f"{PROFILES}/{name}/metrics.json")
 
 
+def _verl_steps(run_dir: str) -> list[dict]:
+    """A verl run's per-step records (its verl_metrics.jsonl), each its ``data`` with the step number under ``step``."""
+    lines = _source_text(f"{run_dir}/verl_metrics.jsonl").splitlines()
+    return [{**row["data"], "step": row["step"]} for row in map(json.loads, lines)]
+
+
 def _passed(log: str) -> int:
     """How many tests a committed pytest log says passed, with none failed."""
     text = (REPO_ROOT / log).read_text(errors="replace")

@@ -33,7 +33,7 @@ from _claim_sources import (  # readers of the committed files; tests/ is on sys
     _no_run_varies, _no_seed_run_with, _pass_seconds, _session26_mean, _node_minutes, _node_setup, _node_time, _outcome, _outcome_of, _padded_failure,
     _padded_plan, _passed, _profile, _quote, _range, _same_commit, _same_sample_ratio, _says, _seed_gen_fractions,
     _seed_levers_arithmetic, _seed_profile, _selective_layer, _session, _session_readme, _source_text, _step1_pair_words,
-    _steps_trained, _sweep_card, _sweep_waiting, _tested, _update_mfu, _verl_compat, _verl_compat_words, _wall, _yaml,
+    _steps_trained, _sweep_card, _sweep_waiting, _tested, _update_mfu, _verl_compat, _verl_compat_words, _verl_steps, _wall, _yaml,
 )
 
 S26 = "outputs/_node/session26/README.md"
@@ -894,14 +894,8 @@ S29_STOPPED = "outputs/_node/session29/learning-stopped"
 
 def _stopped_curve(run: str) -> list[tuple[int, float, float, float]]:
     """(step, mean reward, entropy, step seconds) of one of session 29's stopped notebook-07 runs."""
-    import json
-
-    rows = []
-    for line in _source_text(f"{S29_STOPPED}/{run}/verl_metrics.jsonl").splitlines():
-        m = json.loads(line)
-        d = m["data"]
-        rows.append((m["step"], d["critic/score/mean"], d["actor/entropy"], d["timing_s/step"]))
-    return rows
+    return [(d["step"], d["critic/score/mean"], d["actor/entropy"], d["timing_s/step"])
+            for d in _verl_steps(f"{S29_STOPPED}/{run}")]
 
 
 def _stopped_runs_words() -> tuple[str, ...]:
@@ -1589,10 +1583,8 @@ def _profiles_after_the_eager_swiglu_backward() -> list[str]:
 
 
 def _first_with_the_eager_swiglu_backward() -> str:
-    """The profile of the earliest device session among those with the SwiGLU's eager backward (a name without a
-    session suffix is of the session it ran in, which only the newest profile of a tag has: none of these)."""
-    names = _profiles_after_the_eager_swiglu_backward()
-    return min(names, key=lambda n: int(n.rpartition(".session")[2]) if ".session" in n else 10**6)
+    """The profile of the earliest device session (its COMMAND.txt's) among those with the SwiGLU's eager backward."""
+    return min(_profiles_after_the_eager_swiglu_backward(), key=lambda n: _session(f"{PROFILES}/{n}"))
 
 
 def _compiled_swiglu_backward_off_on_an_h100() -> bool:
@@ -1764,7 +1756,7 @@ CLAIMS += [  # device session 34: notebook 07's first pair at lr 5e-4 and the co
     ("docs/results.md", "Their entropy collapsed at step 26 and 27. Their plateaus differ by 0.11, where the two arm-1 runs "
                         "at lr 1e-3 above ended 1.2e-05 apart",
      lambda: (*S34C.collapse_words(), S34C.pair_words()[-1],
-              f"ended {_json('outputs/07_does_it_learn/h200/metrics.json')['analysis']['noise']['last_window_spread']:.1e} apart")),
+              f"ended {_learning()['analysis']['noise']['last_window_spread']:.1e} apart")),
     (L, "Notebook 07's first pair finished, and the compiled kernels beside their base (session 34)",
      _says("first pair finished", S34C.ran_on_an_h100_at_78bfa72)),
     (L, "both trained their 30 steps and learned, arm 1 from 0.015 to 0.428 and the fastest variant from 0.014 to 0.543 "
